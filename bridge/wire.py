@@ -1,0 +1,169 @@
+"""The NATS wire format shared by every task writer and the hub (DESIGN.md contract 3).
+
+Values are decoded here, once, at the edge: a reader gets a typed `Envelope` or an
+`InvalidEnvelope` naming what was wrong, never a half-checked dict. Any language can
+write this format; the hub trusts nothing it reads.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+import msgspec
+from msgspec import UNSET, Meta, Struct, UnsetType
+
+DEFAULT_BUCKET = "mcp-tasks"
+CONTROL_STREAM = "MCP_TASKS_CTL"
+CONTROL_SUBJECT_PREFIX = "mcp.tasks.ctl."
+
+TASK_ID_RE = re.compile(r"[A-Za-z0-9_-]{16,128}")
+SERVER_ID_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")
+
+Status = Literal["working", "input_required", "completed", "failed", "cancelled"]
+TERMINAL: frozenset[str] = frozenset({"completed", "failed", "cancelled"})
+
+# JSON-safe integers (the schema's ±(2^53−1)); negative durations are refused at ingest.
+_MAX_SAFE = 2**53 - 1
+NonNegative = Annotated[int, Meta(ge=0, le=_MAX_SAFE)]
+
+
+def kv_stream(bucket: str) -> str:
+    """The JetStream stream that backs a KV bucket."""
+    return f"KV_{bucket}"
+
+
+def kv_subject(bucket: str, task_id: str) -> str:
+    return f"$KV.{bucket}.{task_id}"
+
+
+def control_subject(server: str) -> str:
+    return f"{CONTROL_SUBJECT_PREFIX}{server}"
+
+
+def is_task_id(value: object) -> bool:
+    return isinstance(value, str) and TASK_ID_RE.fullmatch(value) is not None
+
+
+class TaskError(Struct, omit_defaults=True):
+    """A JSON-RPC error object, as carried by a `failed` task."""
+
+    code: int
+    message: str
+    data: Any = UNSET
+
+
+class DetailedTask(Struct, omit_defaults=True):
+    """What `tasks/get` returns, minus `resultType` and `_meta` (spec §4.1).
+
+    Field order is the wire order. `ttlMs` has no default so it is always present
+    (`null` = unlimited); the variant fields are omitted when unset.
+    """
+
+    taskId: str
+    status: Status
+    createdAt: str
+    lastUpdatedAt: str
+    ttlMs: NonNegative | None
+    statusMessage: str | UnsetType = UNSET
+    pollIntervalMs: NonNegative | UnsetType = UNSET
+    inputRequests: dict[str, dict[str, Any]] | UnsetType = UNSET
+    result: dict[str, Any] | UnsetType = UNSET
+    error: TaskError | UnsetType = UNSET
+
+
+class Envelope(Struct):
+    """The KV value: who owns the task, which server runs it, and its full state.
+
+    Unknown envelope fields are ignored by readers (room to grow).
+    """
+
+    owner: str
+    server: str
+    task: DetailedTask
+
+
+class InvalidEnvelope(ValueError):
+    """A KV value that breaks contract 3; the reason is safe to log."""
+
+
+_envelope_decoder = msgspec.json.Decoder(Envelope)
+_encoder = msgspec.json.Encoder()
+
+
+def encode(value: Any) -> bytes:
+    return _encoder.encode(value)
+
+
+def parse_timestamp(value: str) -> datetime:
+    """Parse an ISO 8601 timestamp; it must name its time zone."""
+    parsed = datetime.fromisoformat(value)
+    if parsed.tzinfo is None:
+        raise ValueError(f"timestamp {value!r} has no time zone")
+    return parsed
+
+
+def check_task(task: DetailedTask) -> None:
+    """Raise InvalidEnvelope unless `task` is a well-formed DetailedTask variant."""
+    if not is_task_id(task.taskId):
+        raise InvalidEnvelope("taskId does not match [A-Za-z0-9_-]{16,128}")
+    for name in ("createdAt", "lastUpdatedAt"):
+        try:
+            parse_timestamp(getattr(task, name))
+        except ValueError as exc:
+            raise InvalidEnvelope(f"{name} is not an ISO 8601 timestamp: {exc}") from None
+    # Each status carries exactly its own variant field (spec §4.1).
+    expected = {
+        "input_required": "inputRequests",
+        "completed": "result",
+        "failed": "error",
+    }.get(task.status)
+    for name in ("inputRequests", "result", "error"):
+        present = getattr(task, name) is not UNSET
+        if name == expected and not present:
+            raise InvalidEnvelope(f"status {task.status!r} requires {name!r}")
+        if name != expected and present:
+            raise InvalidEnvelope(f"status {task.status!r} must not carry {name!r}")
+
+
+def decode_envelope(key: str, data: bytes) -> Envelope:
+    """Decode and validate one KV value stored under `key`."""
+    try:
+        envelope = _envelope_decoder.decode(data)
+    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+        raise InvalidEnvelope(str(exc)) from None
+    if not envelope.owner:
+        raise InvalidEnvelope("owner is empty")
+    if SERVER_ID_RE.fullmatch(envelope.server) is None:
+        raise InvalidEnvelope("server does not match [A-Za-z0-9_-]{1,64}")
+    check_task(envelope.task)
+    if envelope.task.taskId != key:
+        raise InvalidEnvelope("taskId does not match its key")
+    return envelope
+
+
+class UpdateMessage(Struct, tag_field="op", tag="update"):
+    """hub → server: a client's answers to outstanding input requests."""
+
+    taskId: str
+    inputResponses: dict[str, Any]
+    principal: str
+
+
+class CancelMessage(Struct, tag_field="op", tag="cancel"):
+    """hub → server: a client asked to cancel the task (cooperative)."""
+
+    taskId: str
+    principal: str
+
+
+ControlMessage = UpdateMessage | CancelMessage
+_control_decoder = msgspec.json.Decoder(ControlMessage)
+
+
+def decode_control(data: bytes) -> ControlMessage:
+    try:
+        return _control_decoder.decode(data)
+    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+        raise InvalidEnvelope(str(exc)) from None

@@ -1,0 +1,57 @@
+"""Shared fixtures: one real nats-server per test session, a bucket per test.
+
+Every test that touches NATS gets its own bucket name and server id, so tests never
+see each other's tasks even though they share the server.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator, Iterator
+
+import nats
+import pytest
+
+from bridge.jetstream import ensure_bucket, ensure_control_stream
+from hub.embedded_nats import NatsServerProcess
+
+
+@pytest.fixture(scope="session")
+def nats_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NatsServerProcess]:
+    server = NatsServerProcess(tmp_path_factory.mktemp("nats"))
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def nats_url(nats_server: NatsServerProcess) -> str:
+    return nats_server.url
+
+
+@pytest.fixture
+def bucket() -> str:
+    """A fresh bucket name, so each test starts with no tasks."""
+    return f"t{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture
+def server_id() -> str:
+    return f"srv-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture
+async def nc(nats_url: str) -> AsyncIterator[nats.NATS]:
+    conn = await nats.connect(nats_url)
+    yield conn
+    await conn.close()
+
+
+@pytest.fixture
+async def js(nc: nats.NATS, bucket: str) -> object:
+    """A JetStream context with this test's bucket and the control stream in place."""
+    ctx = nc.jetstream()
+    await ensure_bucket(ctx, bucket)
+    await ensure_control_stream(ctx)
+    return ctx
+
