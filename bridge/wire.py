@@ -88,6 +88,10 @@ class InvalidEnvelope(ValueError):
     """A KV value that breaks contract 3; the reason is safe to log."""
 
 
+class KeyMismatch(InvalidEnvelope):
+    """A well-formed value stored under another task's key."""
+
+
 _envelope_decoder = msgspec.json.Decoder(Envelope)
 _encoder = msgspec.json.Encoder()
 
@@ -139,7 +143,7 @@ def decode_envelope(key: str, data: bytes) -> Envelope:
         raise InvalidEnvelope("server does not match [A-Za-z0-9_-]{1,64}")
     check_task(envelope.task)
     if envelope.task.taskId != key:
-        raise InvalidEnvelope("taskId does not match its key")
+        raise KeyMismatch("taskId does not match its key")
     return envelope
 
 

@@ -60,13 +60,18 @@ class NatsServerProcess:
         args = [
             nats_server_binary(),
             "-js",
-            "-a", "127.0.0.1",
-            "-p", str(self.port or -1),
-            "-sd", str(self.data_dir / "jetstream"),
-            "-l", str(self.log_file),
-            "--ports_file_dir", str(ports_dir),
+            "-a",
+            "127.0.0.1",
+            "-p",
+            str(self.port or -1),
+            "-sd",
+            str(self.data_dir / "jetstream"),
+            "-l",
+            str(self.log_file),
+            "--ports_file_dir",
+            str(ports_dir),
             *self.extra_args,
-        ]  # fmt: skip
+        ]
         self.process = subprocess.Popen(args, stdin=subprocess.DEVNULL)
         deadline = time.monotonic() + timeout
         ports_file = ports_dir / f"nats-server_{self.process.pid}.ports"

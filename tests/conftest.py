@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import nats
 import pytest
 
 from bridge.jetstream import ensure_bucket, ensure_control_stream
 from hub.embedded_nats import NatsServerProcess
+from tests.helpers import HubHarness, start_hub
 
 
 @pytest.fixture(scope="session")
@@ -55,3 +57,11 @@ async def js(nc: nats.NATS, bucket: str) -> object:
     await ensure_control_stream(ctx)
     return ctx
 
+
+@pytest.fixture
+async def hub(nats_url: str, bucket: str, tmp_path: Path) -> AsyncIterator[HubHarness]:
+    """A hub on this test's bucket, served over real HTTP on a loopback port."""
+    harness = await start_hub(nats_url, bucket, tmp_path)
+    await harness.hub.source.wait_caught_up(10)
+    yield harness
+    await harness.stop()

@@ -1,0 +1,188 @@
+"""The snapshot cache: the latest trusted state of every task, encoded once per revision.
+
+Everything read from NATS passes `TaskCache.apply_put` / `apply_delete`, which enforce
+the reader rules of contract 3: malformed values, key mismatches, stale revisions and
+any change to a terminal task are refused and counted, so a bad writer can never make
+the hub report something that was not legally written (invariant 2, H43).
+"""
+
+from __future__ import annotations
+
+import heapq
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from enum import Enum
+
+from bridge.wire import (
+    TERMINAL,
+    InvalidEnvelope,
+    KeyMismatch,
+    decode_envelope,
+    encode,
+    parse_timestamp,
+)
+
+# A deleted key remembers its delete revision this long, so a slower read-through of
+# an older value cannot bring the task back.
+TOMBSTONE_SECONDS = 120.0
+
+
+class Rejected(Enum):
+    MALFORMED = "malformed"
+    KEY_MISMATCH = "key_mismatch"
+    STALE = "stale"
+    TERMINAL_CHANGE = "terminal_change"
+    OWNER_CHANGE = "owner_change"
+
+
+@dataclass(frozen=True, slots=True)
+class TaskSnapshot:
+    """One revision of one task; `body` is its DetailedTask JSON, shared by every reader."""
+
+    task_id: str
+    owner: str
+    server: str
+    revision: int
+    status: str
+    expires_at: float | None  # epoch seconds; None = unlimited
+    body: bytes
+
+    @property
+    def terminal(self) -> bool:
+        return self.status in TERMINAL
+
+    def expired(self, now: float) -> bool:
+        return self.expires_at is not None and now >= self.expires_at
+
+
+ChangeListener = Callable[[TaskSnapshot], None]
+RemoveListener = Callable[[str], None]
+RejectListener = Callable[[Rejected], None]
+
+
+def _ignore(_: object) -> None:
+    return None
+
+
+class TaskCache:
+    """Holds snapshots by task id; calls `on_change` for every accepted new revision."""
+
+    def __init__(
+        self,
+        *,
+        on_change: ChangeListener = _ignore,
+        on_remove: RemoveListener = _ignore,
+        on_reject: RejectListener = _ignore,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._tasks: dict[str, TaskSnapshot] = {}
+        self._tombstones: dict[str, tuple[int, float]] = {}
+        self._expiry: list[tuple[float, str, int]] = []
+        self._on_change = on_change
+        self._on_remove = on_remove
+        self._on_reject = on_reject
+        self._clock = clock
+
+    def __len__(self) -> int:
+        return len(self._tasks)
+
+    def get(self, task_id: str) -> TaskSnapshot | None:
+        """The current snapshot, or None when unknown or past its TTL."""
+        snapshot = self._tasks.get(task_id)
+        if snapshot is None or snapshot.expired(self._clock()):
+            return None
+        return snapshot
+
+    def apply_put(self, key: str, revision: int, data: bytes) -> TaskSnapshot | None:
+        """Ingest one KV value; returns the new snapshot if it was accepted."""
+        try:
+            envelope = decode_envelope(key, data)
+        except KeyMismatch:
+            self._reject(Rejected.KEY_MISMATCH)
+            return None
+        except InvalidEnvelope:
+            self._reject(Rejected.MALFORMED)
+            return None
+        task = envelope.task
+        try:
+            expires_at = _expiry(task.createdAt, task.ttlMs)
+        except ValueError:
+            self._reject(Rejected.MALFORMED)
+            return None
+
+        tombstone = self._tombstones.get(key)
+        if tombstone is not None and revision <= tombstone[0]:
+            self._reject(Rejected.STALE)
+            return None
+        current = self._tasks.get(key)
+        body = encode(task)
+        if current is not None:
+            if revision == current.revision:
+                return None  # the same message twice (watch and read-through)
+            if revision < current.revision:
+                self._reject(Rejected.STALE)
+                return None
+            if current.terminal:
+                if body == current.body:
+                    return None  # rewritten unchanged: nothing to report
+                self._reject(Rejected.TERMINAL_CHANGE)
+                return None
+            if envelope.owner != current.owner:
+                self._reject(Rejected.OWNER_CHANGE)
+                return None
+
+        snapshot = TaskSnapshot(
+            task_id=key,
+            owner=envelope.owner,
+            server=envelope.server,
+            revision=revision,
+            status=task.status,
+            expires_at=expires_at,
+            body=body,
+        )
+        self._tasks[key] = snapshot
+        if expires_at is not None:
+            heapq.heappush(self._expiry, (expires_at, key, revision))
+        self._on_change(snapshot)
+        return snapshot
+
+    def apply_delete(self, key: str, revision: int) -> bool:
+        """A KV delete, purge or expiry marker; returns True if a task was removed."""
+        current = self._tasks.get(key)
+        if current is not None and revision < current.revision:
+            self._reject(Rejected.STALE)
+            return False
+        self._tombstones[key] = (revision, self._clock() + TOMBSTONE_SECONDS)
+        if current is None:
+            return False
+        del self._tasks[key]
+        self._on_remove(key)
+        return True
+
+    def sweep(self) -> int:
+        """Evict tasks past their TTL and old tombstones; returns how many tasks went."""
+        now = self._clock()
+        evicted = 0
+        while self._expiry and self._expiry[0][0] <= now:
+            _, key, revision = heapq.heappop(self._expiry)
+            current = self._tasks.get(key)
+            # A later revision may carry a new ttlMs; only its own heap entry counts.
+            if current is not None and current.revision == revision and current.expired(now):
+                del self._tasks[key]
+                self._on_remove(key)
+                evicted += 1
+        stale = [key for key, (_, until) in self._tombstones.items() if until <= now]
+        for key in stale:
+            del self._tombstones[key]
+        return evicted
+
+    def _reject(self, reason: Rejected) -> None:
+        self._on_reject(reason)
+
+
+def _expiry(created_at: str, ttl_ms: int | None) -> float | None:
+    if ttl_ms is None:
+        return None
+    return (parse_timestamp(created_at) + timedelta(milliseconds=ttl_ms)).timestamp()

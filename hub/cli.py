@@ -1,0 +1,114 @@
+"""`taskhub serve`: run the hub, with an embedded nats-server unless given a NATS URL.
+
+Shutdown order matters for clients: on SIGTERM or Ctrl-C the hub first ends every
+listen stream with its completion result (H63), while uvicorn stops accepting; then
+NATS is drained and the embedded server stopped; the process exits 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import socket
+import sys
+from collections.abc import Iterator, Sequence
+from types import FrameType
+
+import uvicorn
+
+from hub.app import create_app
+from hub.config import Config, add_serve_options, config_from_namespace
+from hub.embedded_nats import NatsServerError, NatsServerProcess
+from hub.runtime import Hub
+
+log = logging.getLogger("taskhub")
+
+
+class HubServer(uvicorn.Server):
+    """uvicorn, but a shutdown signal first tells every listen stream goodbye."""
+
+    def __init__(self, config: uvicorn.Config, hub: Hub) -> None:
+        super().__init__(config)
+        self.hub = hub
+        self.loop: asyncio.AbstractEventLoop | None = None
+
+    async def serve(self, sockets: list[socket.socket] | None = None) -> None:
+        self.loop = asyncio.get_running_loop()
+        await super().serve(sockets)
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        """As uvicorn's, minus re-raising the signal at the end: a clean stop exits 0."""
+        handled = (signal.SIGINT, signal.SIGTERM)
+        previous = {sig: signal.signal(sig, self.handle_exit) for sig in handled}
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if self.loop is not None:
+            # Signal handlers may interrupt the loop anywhere; hand over safely.
+            self.loop.call_soon_threadsafe(self.hub.begin_shutdown)
+        super().handle_exit(sig, frame)
+
+
+def serve(config: Config) -> int:
+    logging.basicConfig(
+        level=config.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    if config.is_loopback:
+        log.warning("authentication is off: every caller is principal 'anonymous'")
+    else:
+        log.warning("authentication is off on non-loopback %s (--insecure-no-auth)", config.host)
+    embedded: NatsServerProcess | None = None
+    nats_url = config.nats_url
+    if nats_url is None:
+        embedded = NatsServerProcess(config.data_dir / "nats")
+        try:
+            nats_url = embedded.start()
+        except NatsServerError as exc:
+            log.error("%s", exc)
+            return 1
+        log.info("embedded nats-server at %s (log %s)", nats_url, embedded.log_file)
+    try:
+        hub = Hub(config, nats_url)
+        app = create_app(config, nats_url, hub)
+        uv_config = uvicorn.Config(
+            app,
+            host=config.host,
+            port=config.port,
+            log_level=config.log_level,
+            access_log=False,
+            lifespan="on",
+            timeout_graceful_shutdown=int(config.shutdown_grace) + 1,
+        )
+        server = HubServer(uv_config, hub)
+        server.run()
+        # uvicorn exits with the lifespan's start-up failure as a non-started server.
+        return 0 if server.started else 1
+    finally:
+        if embedded is not None:
+            embedded.stop()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="taskhub", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+    serve_parser = commands.add_parser("serve", help="run the hub")
+    add_serve_options(serve_parser, os.environ)
+    args = parser.parse_args(argv)
+    if args.command == "serve":
+        return serve(config_from_namespace(args, serve_parser))
+    parser.error(f"unknown command {args.command}")
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

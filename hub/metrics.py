@@ -1,0 +1,104 @@
+"""Prometheus metrics, rendered in the text exposition format for `GET /metrics`.
+
+A handful of counters and gauges does not justify a client library: these are plain
+objects created with the hub, incremented on hot paths without locks (one event loop).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+
+def _labels(names: tuple[str, ...], values: tuple[str, ...]) -> str:
+    if not names:
+        return ""
+    pairs = ",".join(
+        f'{name}="{value.replace(chr(92), chr(92) * 2).replace(chr(34), chr(92) + chr(34))}"'
+        for name, value in zip(names, values, strict=True)
+    )
+    return "{" + pairs + "}"
+
+
+class Counter:
+    kind = "counter"
+
+    def __init__(self, name: str, help: str, labels: tuple[str, ...] = ()) -> None:
+        self.name = name
+        self.help = help
+        self.label_names = labels
+        self.values: dict[tuple[str, ...], float] = {} if labels else {(): 0.0}
+
+    def inc(self, amount: float = 1.0, *labels: str) -> None:
+        self.values[labels] = self.values.get(labels, 0.0) + amount
+
+    def value(self, *labels: str) -> float:
+        return self.values.get(labels, 0.0)
+
+    def samples(self) -> list[str]:
+        return [
+            f"{self.name}{_labels(self.label_names, key)} {value:g}"
+            for key, value in sorted(self.values.items())
+        ]
+
+
+class Gauge:
+    kind = "gauge"
+
+    def __init__(self, name: str, help: str) -> None:
+        self.name = name
+        self.help = help
+        self._value = 0.0
+        self._read: Callable[[], float] | None = None
+
+    def track(self, read: Callable[[], float]) -> None:
+        """Read the value at scrape time instead of keeping it up to date."""
+        self._read = read
+
+    def set(self, value: float) -> None:
+        self._value = value
+
+    def value(self) -> float:
+        return self._read() if self._read is not None else self._value
+
+    def samples(self) -> list[str]:
+        return [f"{self.name} {self.value():g}"]
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.requests = Counter(
+            "taskhub_requests_total",
+            "POST /mcp messages by method and outcome",
+            ("method", "outcome"),
+        )
+        self.notifications_sent = Counter(
+            "taskhub_notifications_sent_total", "notifications/tasks frames written to streams"
+        )
+        self.coalesced_frames = Counter(
+            "taskhub_coalesced_frames_total",
+            "unsent task snapshots replaced by a newer revision for a slow stream",
+        )
+        self.kv_updates = Counter(
+            "taskhub_kv_updates_total", "task revisions accepted into the snapshot cache"
+        )
+        self.kv_rejected = Counter(
+            "taskhub_kv_rejected_total", "KV values refused by the reader rules", ("reason",)
+        )
+        self.read_through = Counter(
+            "taskhub_read_through_total", "cache misses read from the KV leader", ("found",)
+        )
+        self.streams_closed = Counter(
+            "taskhub_streams_closed_total", "listen streams ended, by reason", ("reason",)
+        )
+        self.open_streams = Gauge("taskhub_open_streams", "open subscriptions/listen streams")
+        self.cached_tasks = Gauge("taskhub_cached_tasks", "tasks in the snapshot cache")
+        self.ready = Gauge("taskhub_ready", "1 when NATS is connected and the cache caught up")
+
+    def render(self) -> bytes:
+        lines: list[str] = []
+        for metric in vars(self).values():
+            if isinstance(metric, Counter | Gauge):
+                lines.append(f"# HELP {metric.name} {metric.help}")
+                lines.append(f"# TYPE {metric.name} {metric.kind}")
+                lines.extend(metric.samples())
+        return ("\n".join(lines) + "\n").encode()

@@ -1,0 +1,194 @@
+"""The hub's NATS side: watch the task bucket into the cache, read through on a miss.
+
+The watch is an ordered push consumer over the bucket's stream (last value per key,
+then every change). Catch-up is decided from the stream itself, not from the first
+"no pending" marker alone (nats.py's KV watcher can signal it early, upstream PR 995):
+the cache is caught up once it has applied everything up to the stream's last
+sequence as seen after the consumer was made, or the consumer reports nothing pending
+and nothing undelivered. Only then is the hub ready.
+
+A miss reads the key from the stream leader (`STREAM.MSG.GET`, not a direct get that
+a lagging follower could answer), so a task created anywhere is found everywhere
+(invariant 1, H44).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import nats
+from nats.aio.client import Client as NatsClient
+from nats.aio.msg import Msg
+from nats.js import api
+from nats.js.errors import NotFoundError
+
+from bridge.jetstream import ensure_bucket, ensure_control_stream
+from bridge.wire import is_task_id, kv_stream, kv_subject
+from hub.cache import TaskCache, TaskSnapshot
+from hub.metrics import Metrics
+
+log = logging.getLogger("taskhub.nats")
+
+_DELETE_OPS = {"DEL", "PURGE"}
+# Server-placed markers (nats-server 2.11+) when a TTL or limit removed the value.
+_MARKER_REASONS = {"MaxAge", "Purge", "Remove"}
+
+
+class StoreUnavailable(RuntimeError):
+    """NATS could not answer a read-through; the caller answers -32603 (H70)."""
+
+
+def _is_removal(headers: dict[str, str] | None) -> bool:
+    if not headers:
+        return False
+    return (
+        headers.get("KV-Operation") in _DELETE_OPS
+        or headers.get("Nats-Marker-Reason") in _MARKER_REASONS
+    )
+
+
+class NatsSource:
+    def __init__(
+        self,
+        nats_url: str,
+        bucket: str,
+        cache: TaskCache,
+        metrics: Metrics,
+        *,
+        replicas: int = 1,
+        request_timeout: float = 2.0,
+    ) -> None:
+        self.nats_url = nats_url
+        self.bucket = bucket
+        self.stream = kv_stream(bucket)
+        self.cache = cache
+        self.metrics = metrics
+        self.replicas = replicas
+        self.request_timeout = request_timeout
+        self.nc: NatsClient | None = None
+        self.js: Any = None
+        self._sub: Any = None
+        self._caught_up = asyncio.Event()
+        self._catch_up_seq = 0  # stream sequence the cache must reach to be current
+        self._applied_seq = 0  # highest stream sequence applied from the watch
+        self._catch_up_task: asyncio.Task[None] | None = None
+
+    @property
+    def ready(self) -> bool:
+        return self.nc is not None and self.nc.is_connected and self._caught_up.is_set()
+
+    async def start(self) -> None:
+        self.nc = await nats.connect(
+            self.nats_url,
+            name="taskhub",
+            max_reconnect_attempts=-1,
+            reconnect_time_wait=0.5,
+            disconnected_cb=self._on_disconnected,
+            reconnected_cb=self._on_reconnected,
+            error_cb=self._on_error,
+        )
+        self.js = self.nc.jetstream(timeout=self.request_timeout)
+        await ensure_bucket(self.js, self.bucket, self.replicas)
+        await ensure_control_stream(self.js, self.replicas)
+        await self._watch()
+
+    async def wait_caught_up(self, timeout: float | None = None) -> None:
+        async with asyncio.timeout(timeout):
+            await self._caught_up.wait()
+
+    async def _watch(self) -> None:
+        info = await self.js.stream_info(self.stream)
+        self._catch_up_seq = info.state.last_seq if info.state.messages else 0
+        self._sub = await self.js.subscribe(
+            f"$KV.{self.bucket}.>",
+            stream=self.stream,
+            cb=self._on_msg,
+            ordered_consumer=True,
+            deliver_policy=api.DeliverPolicy.LAST_PER_SUBJECT,
+            idle_heartbeat=2.0,
+            pending_msgs_limit=0,
+            pending_bytes_limit=0,
+        )
+        if self._catch_up_seq == 0:
+            self._mark_caught_up()
+        else:
+            self._catch_up_task = asyncio.create_task(self._confirm_catch_up())
+
+    async def _confirm_catch_up(self) -> None:
+        """The last message may have expired before delivery: ask the consumer too."""
+        while not self._caught_up.is_set():
+            try:
+                info = await self._sub.consumer_info()
+                if info.num_pending == 0 and info.delivered.stream_seq <= self._applied_seq:
+                    self._mark_caught_up()
+                    return
+            except Exception as exc:  # retried below; NATS may be reconnecting
+                log.debug("consumer info failed during catch-up: %s", exc)
+            await asyncio.sleep(0.1)
+
+    def _mark_caught_up(self) -> None:
+        if not self._caught_up.is_set():
+            log.info("snapshot cache caught up: %d tasks", len(self.cache))
+            self._caught_up.set()
+            self.metrics.ready.set(1)
+
+    async def _on_msg(self, msg: Msg) -> None:
+        meta = msg.metadata
+        seq = meta.sequence.stream
+        key = msg.subject[len(self.bucket) + 5 :]  # strip "$KV.<bucket>."
+        if _is_removal(msg.headers):
+            self.cache.apply_delete(key, seq)
+        elif self.cache.apply_put(key, seq, msg.data) is not None:
+            self.metrics.kv_updates.inc()
+        self._applied_seq = max(self._applied_seq, seq)
+        if not self._caught_up.is_set() and (
+            meta.num_pending == 0 or self._applied_seq >= self._catch_up_seq
+        ):
+            self._mark_caught_up()
+
+    async def read_through(self, task_id: str) -> TaskSnapshot | None:
+        """The task's current snapshot, from the cache or else from the KV leader."""
+        snapshot = self.cache.get(task_id)
+        if snapshot is not None or not is_task_id(task_id):
+            return snapshot
+        try:
+            raw = await self.js.get_msg(
+                self.stream, subject=kv_subject(self.bucket, task_id), direct=False
+            )
+        except NotFoundError:
+            self.metrics.read_through.inc(1, "false")
+            return None
+        except Exception as exc:
+            raise StoreUnavailable(f"task store unavailable: {type(exc).__name__}") from exc
+        self.metrics.read_through.inc(1, "true")
+        if raw.seq is None:
+            return None
+        if _is_removal(raw.headers):
+            self.cache.apply_delete(task_id, raw.seq)
+            return None
+        self.cache.apply_put(task_id, raw.seq, raw.data or b"")
+        return self.cache.get(task_id)
+
+    async def close(self) -> None:
+        if self._catch_up_task is not None:
+            self._catch_up_task.cancel()
+        if self.nc is not None and not self.nc.is_closed:
+            try:
+                await self.nc.drain()
+            except Exception as exc:
+                log.warning("NATS drain failed: %s", exc)
+        self.metrics.ready.set(0)
+
+    async def _on_disconnected(self) -> None:
+        log.warning("NATS disconnected")
+        self.metrics.ready.set(0)
+
+    async def _on_reconnected(self) -> None:
+        log.info("NATS reconnected to %s", self.nc.connected_url if self.nc else "?")
+        if self._caught_up.is_set():
+            self.metrics.ready.set(1)
+
+    async def _on_error(self, exc: Exception) -> None:
+        log.warning("NATS error: %s", exc)

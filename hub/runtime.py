@@ -1,0 +1,70 @@
+"""The hub's long-lived state: cache, fan-out, NATS source and metrics, wired together.
+
+Created once per process (the app's lifespan or a test) and passed to whoever needs
+it; nothing here is global.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+from hub.cache import Rejected, TaskCache
+from hub.config import Config
+from hub.fanout import Fanout
+from hub.metrics import Metrics
+from hub.nats_source import NatsSource
+
+log = logging.getLogger("taskhub")
+
+
+class Hub:
+    def __init__(self, config: Config, nats_url: str) -> None:
+        self.config = config
+        self.metrics = Metrics()
+        self.fanout = Fanout(self.metrics)
+        self.cache = TaskCache(
+            on_change=self.fanout.publish,
+            on_remove=self.fanout.forget,
+            on_reject=self._count_rejection,
+        )
+        self.source = NatsSource(
+            nats_url, config.bucket, self.cache, self.metrics, replicas=config.replicas
+        )
+        self.metrics.cached_tasks.track(lambda: len(self.cache))
+        self.closing = False
+        self._sweeper: asyncio.Task[None] | None = None
+
+    @property
+    def ready(self) -> bool:
+        return self.source.ready and not self.closing
+
+    async def start(self) -> None:
+        await self.source.start()
+        self._sweeper = asyncio.create_task(self._sweep_expired())
+
+    def begin_shutdown(self) -> None:
+        """Stop taking subscriptions and end every listen stream gracefully (H63)."""
+        if not self.closing:
+            log.info("shutting down: closing %d listen streams", len(self.fanout))
+        self.closing = True
+        self.fanout.close_all()
+
+    async def stop(self) -> None:
+        self.begin_shutdown()
+        if not await self.fanout.drained(self.config.shutdown_grace):
+            log.warning("%d listen streams did not close in time", len(self.fanout))
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._sweeper
+        await self.source.close()
+
+    async def _sweep_expired(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.expiry_sweep_interval)
+            self.cache.sweep()
+
+    def _count_rejection(self, reason: Rejected) -> None:
+        self.metrics.kv_rejected.inc(1, reason.value)

@@ -1,0 +1,93 @@
+"""`taskhub serve` as a user runs it: a real process with its embedded nats-server."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import signal
+import socket
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+from tests.helpers import SUB_KEY, SseStream, eventually, headers_for, rpc
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def taskhub_command() -> list[str]:
+    script = shutil.which("taskhub")
+    return [script] if script else [sys.executable, "-m", "hub.cli"]
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie awaiting its parent's wait() counts as gone.
+    stat = Path(f"/proc/{pid}/stat")
+    return stat.exists() and stat.read_text().split()[2] != "Z"
+
+
+async def test_serve_starts_answers_and_shuts_down_gracefully(tmp_path: Path) -> None:
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    started = time.monotonic()
+    args = ["serve", "--port", str(port), "--data-dir", str(tmp_path)]
+    proc = await asyncio.create_subprocess_exec(*taskhub_command(), *args)
+    try:
+        async with httpx.AsyncClient(timeout=5) as client:
+            discover = rpc("server/discover", id="d1")
+
+            async def discovered() -> bool:
+                try:
+                    r = await client.post(
+                        url + "/mcp", json=discover, headers=headers_for(discover)
+                    )
+                except httpx.TransportError:
+                    return False
+                return r.status_code == 200
+
+            await eventually(discovered, timeout=5)
+            assert time.monotonic() - started < 5
+            assert (await client.get(url + "/healthz")).status_code == 200
+            assert (await client.get(url + "/readyz")).status_code == 200
+            metrics = (await client.get(url + "/metrics")).text
+            assert "taskhub_requests_total" in metrics and "taskhub_open_streams" in metrics
+
+            ports = list((tmp_path / "nats" / "ports").glob("nats-server_*.ports"))
+            assert len(ports) == 1 and (tmp_path / "nats" / "nats-server.log").exists()
+            nats_pid = int(ports[0].stem.split("_")[1])
+            assert pid_alive(nats_pid)
+
+            body = rpc("subscriptions/listen", {"notifications": {"taskIds": []}}, id=7)
+            async with client.stream(
+                "POST", url + "/mcp", json=body, headers=headers_for(body)
+            ) as response:
+                assert response.headers["x-accel-buffering"] == "no"
+                stream = SseStream(response)
+                ack = await stream.next()
+                assert ack["method"] == "notifications/subscriptions/acknowledged"
+                assert ack["params"] == {"_meta": {SUB_KEY: 7}, "notifications": {"taskIds": []}}
+                proc.send_signal(signal.SIGTERM)
+                goodbye = await stream.next()
+                assert goodbye == {
+                    "jsonrpc": "2.0",
+                    "id": 7,
+                    "result": {"resultType": "complete", "_meta": {SUB_KEY: 7}},
+                }
+        async with asyncio.timeout(15):
+            assert await proc.wait() == 0
+        await eventually(lambda: not pid_alive(nats_pid), timeout=10)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()

@@ -1,0 +1,212 @@
+"""Test helpers: an in-process hub on a real loopback port, MCP requests, an SSE reader."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import uvicorn
+
+from hub.config import Config
+from hub.runtime import Hub
+
+PROTOCOL = "2026-07-28"
+TASKS_EXT = "io.modelcontextprotocol/tasks"
+TASKS_CAPS: dict[str, Any] = {"extensions": {TASKS_EXT: {}}}
+SUB_KEY = "io.modelcontextprotocol/subscriptionId"
+
+
+def rpc(
+    method: str,
+    params: dict[str, Any] | None = None,
+    *,
+    id: Any = 1,
+    caps: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """A well-formed request body for `method` (params get the required `_meta`)."""
+    params = dict(params or {})
+    params.setdefault(
+        "_meta",
+        {
+            "io.modelcontextprotocol/protocolVersion": PROTOCOL,
+            "io.modelcontextprotocol/clientCapabilities": TASKS_CAPS if caps is None else caps,
+            "io.modelcontextprotocol/clientInfo": {"name": "taskhub-tests", "version": "0"},
+        },
+    )
+    return {"jsonrpc": "2.0", "id": id, "method": method, "params": params}
+
+
+def headers_for(body: dict[str, Any]) -> dict[str, str]:
+    """The routing headers a conforming client sends with `body`."""
+    headers = {
+        "MCP-Protocol-Version": PROTOCOL,
+        "Mcp-Method": body["method"],
+        "Accept": "application/json, text/event-stream",
+        "Content-Type": "application/json",
+    }
+    task_id = body.get("params", {}).get("taskId")
+    if body["method"].startswith("tasks/") and isinstance(task_id, str):
+        headers["Mcp-Name"] = task_id
+    return headers
+
+
+async def eventually(
+    check: Callable[[], Awaitable[bool]] | Callable[[], bool],
+    timeout: float = 10.0,
+    interval: float = 0.02,
+) -> None:
+    """Poll `check` until it holds; fail with a clear message at the deadline."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = check()
+        if asyncio.iscoroutine(result):
+            result = await result
+        if result:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met within {timeout}s")
+        await asyncio.sleep(interval)
+
+
+@dataclass
+class SseStream:
+    """Reads one SSE response: JSON-RPC messages in order, and comment lines counted."""
+
+    response: httpx.Response
+    comments: int = 0
+    _lines: AsyncIterator[str] | None = field(default=None, repr=False)
+
+    async def next(self, timeout: float = 10.0) -> dict[str, Any]:
+        async with asyncio.timeout(timeout):
+            return await self._next_event()
+
+    async def _next_event(self) -> dict[str, Any]:
+        if self._lines is None:
+            self._lines = self.response.aiter_lines()
+        data: list[str] = []
+        async for line in self._lines:
+            if line == "":
+                if data:
+                    return json.loads("\n".join(data))  # type: ignore[no-any-return]
+                continue
+            if line.startswith(":"):
+                self.comments += 1
+                continue
+            name, _, value = line.partition(":")
+            if value.startswith(" "):
+                value = value[1:]
+            if name == "data":
+                data.append(value)
+            elif name == "id":
+                raise AssertionError("hub sent an SSE id: line (H25)")
+        raise EOFError("stream ended")
+
+    async def until(
+        self, predicate: Callable[[dict[str, Any]], bool], timeout: float = 10.0
+    ) -> dict[str, Any]:
+        async with asyncio.timeout(timeout):
+            while True:
+                message = await self._next_event()
+                if predicate(message):
+                    return message
+
+
+@dataclass
+class HubHarness:
+    """A hub served by uvicorn on 127.0.0.1 in this event loop, with a client."""
+
+    hub: Hub
+    server: uvicorn.Server
+    task: asyncio.Task[None]
+    url: str
+    client: httpx.AsyncClient
+
+    async def call(self, body: dict[str, Any], **headers: str) -> httpx.Response:
+        merged = {**headers_for(body), **headers}
+        return await self.client.post(self.url + "/mcp", json=body, headers=merged)
+
+    async def get_task(self, task_id: str, id: Any = 1) -> httpx.Response:
+        return await self.call(rpc("tasks/get", {"taskId": task_id}, id=id))
+
+    @contextlib.asynccontextmanager
+    async def listen(
+        self, task_ids: list[str] | None, id: Any = "listen-1", **extra: Any
+    ) -> AsyncIterator[SseStream]:
+        notifications: dict[str, Any] = {} if task_ids is None else {"taskIds": task_ids}
+        body = rpc("subscriptions/listen", {"notifications": notifications, **extra}, id=id)
+        request = self.client.build_request(
+            "POST", self.url + "/mcp", json=body, headers=headers_for(body)
+        )
+        response = await self.client.send(request, stream=True)
+        try:
+            yield SseStream(response)
+        finally:
+            await response.aclose()
+
+    async def stop(self) -> None:
+        self.server.should_exit = True
+        await self.task
+        await self.client.aclose()
+
+
+async def start_hub(nats_url: str, bucket: str, data_dir: Path, **overrides: Any) -> HubHarness:
+    from hub.app import create_app  # late: unit tests import these helpers too
+
+    config = Config(port=0, bucket=bucket, nats_url=nats_url, data_dir=data_dir, **overrides)
+    hub = Hub(config, nats_url)
+    app = create_app(config, nats_url, hub)
+    server = uvicorn.Server(
+        uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on")
+    )
+    task = asyncio.create_task(server.serve())
+    await eventually(lambda: server.started or task.done(), timeout=15)
+    if task.done():
+        await task
+        raise RuntimeError("hub did not start")
+    port = server.servers[0].sockets[0].getsockname()[1]
+    url = f"http://127.0.0.1:{port}"
+    client = httpx.AsyncClient(
+        timeout=httpx.Timeout(10.0), limits=httpx.Limits(max_connections=None)
+    )
+    return HubHarness(hub, server, task, url, client)
+
+
+def new_task_id() -> str:
+    import uuid
+
+    return str(uuid.uuid4())
+
+
+def envelope(
+    task_id: str,
+    status: str = "working",
+    *,
+    owner: str = "anonymous",
+    server: str = "srv-1",
+    created_at: str = "2026-01-01T00:00:00Z",
+    ttl_ms: int | None = None,
+    **task_fields: Any,
+) -> bytes:
+    """A raw KV value as any writer could store it (contract 3)."""
+    task: dict[str, Any] = {
+        "taskId": task_id,
+        "status": status,
+        "createdAt": created_at,
+        "lastUpdatedAt": created_at,
+        "ttlMs": ttl_ms,
+    }
+    if status == "input_required":
+        task.setdefault("inputRequests", {"q1": {"method": "roots/list", "params": {}}})
+    if status == "completed":
+        task.setdefault("result", {"resultType": "complete", "content": []})
+    if status == "failed":
+        task.setdefault("error", {"code": -32603, "message": "boom"})
+    task.update(task_fields)
+    return json.dumps({"owner": owner, "server": server, "task": task}).encode()

@@ -1,0 +1,247 @@
+"""The snapshot cache's reader rules (contract 3) as pure, exhaustive unit tests."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hub.cache import Rejected, TaskCache, TaskSnapshot
+from tests.helpers import envelope, new_task_id
+
+STATUSES = ["working", "input_required", "completed", "failed", "cancelled"]
+TERMINAL = {"completed", "failed", "cancelled"}
+
+
+class Recorder:
+    def __init__(self, now: float = 1_767_225_600.0) -> None:  # 2026-01-01T00:00:00Z
+        self.now = now
+        self.changes: list[TaskSnapshot] = []
+        self.removed: list[str] = []
+        self.rejected: list[Rejected] = []
+        self.cache = TaskCache(
+            on_change=self.changes.append,
+            on_remove=self.removed.append,
+            on_reject=self.rejected.append,
+            clock=lambda: self.now,
+        )
+
+
+def test_accepts_a_valid_value_and_encodes_the_task_once() -> None:
+    r = Recorder()
+    tid = new_task_id()
+    snap = r.cache.apply_put(tid, 5, envelope(tid, statusMessage="hi", pollIntervalMs=500))
+    assert snap is not None and r.changes == [snap]
+    assert r.cache.get(tid) is snap
+    assert json.loads(snap.body) == {
+        "taskId": tid,
+        "status": "working",
+        "createdAt": "2026-01-01T00:00:00Z",
+        "lastUpdatedAt": "2026-01-01T00:00:00Z",
+        "ttlMs": None,
+        "statusMessage": "hi",
+        "pollIntervalMs": 500,
+    }
+    assert (snap.owner, snap.server, snap.revision) == ("anonymous", "srv-1", 5)
+
+
+def test_unknown_envelope_and_task_fields_are_ignored() -> None:
+    r = Recorder()
+    tid = new_task_id()
+    raw = json.loads(envelope(tid))
+    raw["future"] = {"x": 1}
+    raw["task"]["somethingNew"] = True
+    snap = r.cache.apply_put(tid, 1, json.dumps(raw).encode())
+    assert snap is not None and b"somethingNew" not in snap.body
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        b"",
+        b"not json",
+        b"[]",
+        b'{"owner":"a","server":"s"}',
+        b'{"owner":"","server":"s","task":{}}',
+    ],
+    ids=["empty", "garbage", "array", "no-task", "empty-owner"],
+)
+def test_malformed_values_are_rejected_and_counted(data: bytes) -> None:
+    r = Recorder()
+    assert r.cache.apply_put(new_task_id(), 1, data) is None
+    assert r.rejected == [Rejected.MALFORMED] and r.changes == []
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"status": "done"},
+        {"ttlMs": -1},
+        {"ttlMs": "60"},
+        {"pollIntervalMs": -5},
+        {"createdAt": "yesterday"},
+        {"createdAt": "2026-01-01T00:00:00"},  # no time zone
+        {"status": "completed", "result": None},
+        {"status": "failed", "error": {"message": "no code"}},
+        {"status": "input_required", "inputRequests": None},
+        {"status": "working", "result": {"content": []}},  # variant field of another status
+    ],
+)
+def test_invalid_tasks_are_rejected(fields: dict[str, object]) -> None:
+    r = Recorder()
+    tid = new_task_id()
+    raw = json.loads(envelope(tid))
+    raw["task"].update(fields)
+    raw["task"] = {k: v for k, v in raw["task"].items() if v is not None}
+    assert r.cache.apply_put(tid, 1, json.dumps(raw).encode()) is None
+    assert r.rejected == [Rejected.MALFORMED]
+
+
+def test_bad_task_id_and_server_are_rejected() -> None:
+    r = Recorder()
+    assert r.cache.apply_put("short", 1, envelope("short")) is None
+    tid = new_task_id()
+    assert r.cache.apply_put(tid, 1, envelope(tid, server="no spaces allowed")) is None
+    assert r.rejected == [Rejected.MALFORMED, Rejected.MALFORMED]
+
+
+def test_key_mismatch_is_rejected() -> None:
+    r = Recorder()
+    assert r.cache.apply_put(new_task_id(), 1, envelope(new_task_id())) is None
+    assert r.rejected == [Rejected.KEY_MISMATCH]
+
+
+def test_older_revisions_are_stale_and_duplicates_silent() -> None:
+    r = Recorder()
+    tid = new_task_id()
+    r.cache.apply_put(tid, 10, envelope(tid, statusMessage="new"))
+    assert r.cache.apply_put(tid, 9, envelope(tid, statusMessage="old")) is None
+    assert r.cache.apply_put(tid, 10, envelope(tid, statusMessage="new")) is None
+    assert r.rejected == [Rejected.STALE]
+    current = r.cache.get(tid)
+    assert current is not None and b'"new"' in current.body and len(r.changes) == 1
+
+
+@pytest.mark.parametrize("terminal", sorted(TERMINAL))
+@pytest.mark.parametrize("later", STATUSES)
+def test_terminal_states_never_change(terminal: str, later: str) -> None:
+    r = Recorder()
+    tid = new_task_id()
+    first = r.cache.apply_put(tid, 1, envelope(tid, terminal))
+    assert first is not None
+    assert r.cache.apply_put(tid, 2, envelope(tid, later, statusMessage="changed")) is None
+    assert r.rejected == [Rejected.TERMINAL_CHANGE]
+    assert r.cache.get(tid) is first and r.changes == [first]
+
+
+def test_terminal_rewritten_unchanged_is_not_reported() -> None:
+    r = Recorder()
+    tid = new_task_id()
+    r.cache.apply_put(tid, 1, envelope(tid, "completed"))
+    assert r.cache.apply_put(tid, 2, envelope(tid, "completed")) is None
+    assert r.rejected == [] and len(r.changes) == 1
+
+
+@pytest.mark.parametrize("a", ["working", "input_required"])
+@pytest.mark.parametrize("b", STATUSES)
+def test_every_transition_from_a_live_state_is_accepted(a: str, b: str) -> None:
+    r = Recorder()
+    tid = new_task_id()
+    r.cache.apply_put(tid, 1, envelope(tid, a))
+    snap = r.cache.apply_put(tid, 2, envelope(tid, b))
+    assert snap is not None and snap.status == b and snap.terminal == (b in TERMINAL)
+
+
+def test_owner_change_is_rejected() -> None:
+    r = Recorder()
+    tid = new_task_id()
+    r.cache.apply_put(tid, 1, envelope(tid, owner="alice"))
+    assert r.cache.apply_put(tid, 2, envelope(tid, owner="mallory")) is None
+    assert r.rejected == [Rejected.OWNER_CHANGE]
+
+
+def test_delete_removes_and_blocks_older_values() -> None:
+    r = Recorder()
+    tid = new_task_id()
+    r.cache.apply_put(tid, 3, envelope(tid))
+    assert r.cache.apply_delete(tid, 4)
+    assert r.cache.get(tid) is None and r.removed == [tid]
+    # A slow read-through of the value before the delete must not resurrect it.
+    assert r.cache.apply_put(tid, 3, envelope(tid)) is None
+    # A later re-creation is a new task.
+    assert r.cache.apply_put(tid, 5, envelope(tid)) is not None
+
+
+def test_stale_delete_is_ignored() -> None:
+    r = Recorder()
+    tid = new_task_id()
+    r.cache.apply_put(tid, 7, envelope(tid))
+    assert not r.cache.apply_delete(tid, 6)
+    assert r.cache.get(tid) is not None
+
+
+def test_expired_tasks_are_not_served_and_are_swept() -> None:
+    r = Recorder()
+    tid, forever = new_task_id(), new_task_id()
+    r.cache.apply_put(tid, 1, envelope(tid, ttl_ms=60_000))
+    r.cache.apply_put(forever, 2, envelope(forever))
+    assert r.cache.get(tid) is not None
+    r.now += 59.9
+    assert r.cache.get(tid) is not None and r.cache.sweep() == 0
+    r.now += 0.2
+    assert r.cache.get(tid) is None  # not served even before the sweep
+    assert r.cache.sweep() == 1 and r.removed == [tid]
+    assert len(r.cache) == 1 and r.cache.get(forever) is not None
+
+
+def test_sweep_honours_a_ttl_extended_by_a_later_revision() -> None:
+    r = Recorder()
+    tid = new_task_id()
+    r.cache.apply_put(tid, 1, envelope(tid, ttl_ms=1_000))
+    r.cache.apply_put(tid, 2, envelope(tid, ttl_ms=120_000))
+    r.now += 2
+    assert r.cache.sweep() == 0 and r.cache.get(tid) is not None
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.one_of(
+        st.binary(max_size=300),
+        st.recursive(
+            st.none() | st.booleans() | st.integers() | st.text(max_size=20),
+            lambda inner: (
+                st.lists(inner, max_size=4)
+                | st.dictionaries(
+                    st.sampled_from(
+                        [
+                            "owner",
+                            "server",
+                            "task",
+                            "status",
+                            "taskId",
+                            "ttlMs",
+                            "createdAt",
+                            "lastUpdatedAt",
+                            "result",
+                            "error",
+                            "x",
+                        ]
+                    ),
+                    inner,
+                    max_size=6,
+                )
+            ),
+            max_leaves=20,
+        ).map(lambda v: json.dumps(v).encode()),
+    )
+)
+def test_fuzzed_values_never_crash_nor_change_a_terminal_task(data: bytes) -> None:
+    r = Recorder()
+    tid = new_task_id()
+    done = r.cache.apply_put(tid, 1, envelope(tid, "completed"))
+    r.cache.apply_put(tid, 2, data)
+    assert r.cache.get(tid) is done
+    other = new_task_id()
+    r.cache.apply_put(other, 3, data)  # whatever it is, it is handled

@@ -1,0 +1,80 @@
+"""Configuration from flags and TASKHUB_* variables (DESIGN.md contract 1)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from hub.config import Config, config_from_args
+
+
+def test_defaults_match_the_contract() -> None:
+    config = config_from_args([], env={})
+    assert config == Config()
+    assert (config.host, config.port, config.nats_url, config.bucket) == (
+        "127.0.0.1",
+        8080,
+        None,
+        "mcp-tasks",
+    )
+    assert (config.replicas, config.data_dir, config.keepalive) == (1, Path(".taskhub"), 15.0)
+
+
+def test_every_option_reads_its_environment_variable() -> None:
+    env = {
+        "TASKHUB_HOST": "localhost",
+        "TASKHUB_PORT": "9000",
+        "TASKHUB_NATS_URL": "nats://127.0.0.1:4333",
+        "TASKHUB_BUCKET": "other",
+        "TASKHUB_REPLICAS": "3",
+        "TASKHUB_DATA_DIR": "/tmp/x",
+        "TASKHUB_KEEPALIVE": "2.5",
+        "TASKHUB_LOG_LEVEL": "DEBUG",
+    }
+    config = config_from_args([], env=env)
+    assert config == Config(
+        host="localhost",
+        port=9000,
+        nats_url="nats://127.0.0.1:4333",
+        bucket="other",
+        replicas=3,
+        data_dir=Path("/tmp/x"),
+        keepalive=2.5,
+        log_level="debug",
+    )
+
+
+def test_flags_override_the_environment() -> None:
+    config = config_from_args(["--port", "9100", "--bucket", "b2"], env={"TASKHUB_PORT": "9000"})
+    assert (config.port, config.bucket) == (9100, "b2")
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--port", "70000"],
+        ["--port", "x"],
+        ["--replicas", "0"],
+        ["--keepalive", "0"],
+        ["--log-level", "loud"],
+    ],
+)
+def test_bad_values_are_refused_with_a_message(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exc:
+        config_from_args(argv, env={})
+    assert exc.value.code == 2
+    assert "error:" in capsys.readouterr().err
+
+
+def test_non_loopback_without_auth_needs_an_explicit_flag(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit):
+        config_from_args(["--host", "0.0.0.0"], env={})
+    assert "--insecure-no-auth" in capsys.readouterr().err
+    config = config_from_args(["--host", "0.0.0.0", "--insecure-no-auth"], env={})
+    assert config.insecure_no_auth and not config.is_loopback
+    assert config_from_args(["--host", "0.0.0.0"], env={"TASKHUB_INSECURE_NO_AUTH": "1"})
