@@ -1,0 +1,155 @@
+"""Many streams and one stalled stream: everyone gets every final state, nobody waits.
+
+Invariants 2 and 5 under load: 200 concurrent listen streams over 50 tasks each end
+with every terminal state, in order per task; a client that stops reading while
+thousands of updates flow costs bounded memory, delays no other stream, and still
+finds each task's final state when it reads again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+from typing import Any
+
+from bridge.wire import kv_subject
+from tests.helpers import HubHarness, envelope, eventually, headers_for, new_task_id, rpc
+
+STREAMS = 200
+TASKS = 50
+TASKS_PER_STREAM = 10
+STEPS = 5
+
+
+async def write(js: Any, bucket: str, task_id: str, status: str, step: int, pad: str = "") -> None:
+    data = envelope(task_id, status, statusMessage=f"step {step} {pad}")
+    await js.publish(kv_subject(bucket, task_id), data)
+
+
+async def test_200_streams_over_50_tasks_all_see_every_terminal_state(
+    hub: HubHarness, js: Any, bucket: str
+) -> None:
+    tasks = [new_task_id() for _ in range(TASKS)]
+    for tid in tasks:
+        await write(js, bucket, tid, "working", 0)
+    follows = [
+        [tasks[(i + k * 5) % TASKS] for k in range(TASKS_PER_STREAM)] for i in range(STREAMS)
+    ]
+    acked = 0
+    all_acked = asyncio.Event()
+    final: list[dict[str, str]] = [{} for _ in range(STREAMS)]
+
+    async def follow(index: int) -> None:
+        nonlocal acked
+        mine = follows[index]
+        async with hub.listen(mine, id=index) as stream:
+            ack = await stream.next(timeout=30)
+            assert ack["params"]["notifications"]["taskIds"] == mine
+            acked += 1
+            if acked == STREAMS:
+                all_acked.set()
+            last_step: dict[str, int] = {}
+            while len(final[index]) < TASKS_PER_STREAM:
+                params = (await stream.next(timeout=30))["params"]
+                assert params["_meta"] == {"io.modelcontextprotocol/subscriptionId": index}
+                tid, step = params["taskId"], int(params["statusMessage"].split()[1])
+                assert tid in mine and params["taskId"] not in final[index]
+                assert step >= last_step.get(tid, 0), "per-task order went backwards"
+                last_step[tid] = step
+                if params["status"] in ("completed", "failed", "cancelled"):
+                    final[index][tid] = params["status"]
+
+    followers = [asyncio.create_task(follow(i)) for i in range(STREAMS)]
+    async with asyncio.timeout(60):
+        await all_acked.wait()
+        assert len(hub.hub.fanout) == STREAMS
+        for step in range(1, STEPS):
+            for tid in tasks:
+                await write(js, bucket, tid, "working", step)
+        outcomes = ["completed", "failed", "cancelled"]
+        for n, tid in enumerate(tasks):
+            await write(js, bucket, tid, outcomes[n % 3], STEPS)
+        await asyncio.gather(*followers)
+    expected = {tid: outcomes[n % 3] for n, tid in enumerate(tasks)}
+    for index in range(STREAMS):
+        assert final[index] == {tid: expected[tid] for tid in follows[index]}
+    await eventually(lambda: len(hub.hub.fanout) == 0)
+
+
+async def open_stalled_listen(url: str, task_ids: list[str]) -> socket.socket:
+    """A raw client that sends a listen request and then reads nothing."""
+    host, port = url.removeprefix("http://").split(":")
+    body = rpc("subscriptions/listen", {"notifications": {"taskIds": task_ids}}, id="stalled")
+    payload = json.dumps(body).encode()
+    headers = {**headers_for(body), "Host": f"{host}:{port}", "Content-Length": str(len(payload))}
+    request = "POST /mcp HTTP/1.1\r\n" + "".join(f"{k}: {v}\r\n" for k, v in headers.items())
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.connect((host, int(port)))
+    sock.sendall(request.encode() + b"\r\n" + payload)
+    sock.setblocking(False)
+    return sock
+
+
+def drain(sock: socket.socket) -> bytes:
+    chunks = []
+    while True:
+        try:
+            chunk = sock.recv(1 << 20)
+        except BlockingIOError:
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+async def test_a_stalled_stream_costs_bounded_memory_and_delays_nobody(
+    hub: HubHarness, js: Any, bucket: str
+) -> None:
+    tasks = [new_task_id() for _ in range(5)]
+    for tid in tasks:
+        await write(js, bucket, tid, "working", 0)
+    stalled = await open_stalled_listen(hub.url, tasks)
+    try:
+        await eventually(lambda: len(hub.hub.fanout) == 1)
+        stalled_sub = next(iter(hub.hub.fanout._subscribers))
+        padding = "x" * 2000  # big frames fill the socket buffers fast
+        async with hub.listen(tasks, id="healthy") as healthy:
+            await healthy.next()
+            largest_backlog = 0
+            updates = 3000
+            for step in range(1, updates + 1):
+                tid = tasks[step % len(tasks)]
+                await write(js, bucket, tid, "working", step, padding)
+                largest_backlog = max(largest_backlog, len(stalled_sub.backlog))
+            for tid in tasks:
+                await write(js, bucket, tid, "completed", updates + 1)
+            done: set[str] = set()
+            async with asyncio.timeout(30):
+                while len(done) < len(tasks):
+                    params = (await healthy.next())["params"]
+                    if params["status"] == "completed":
+                        done.add(params["taskId"])
+            # The healthy stream is finished while the stalled one has still read nothing.
+            assert largest_backlog <= len(tasks)
+            # 6 MB of frames cannot fit the ~4 MB of socket buffers: the rest coalesced.
+            assert hub.hub.metrics.coalesced_frames.value() >= 500
+            assert not stalled_sub.disconnected
+
+        # When the stalled client reads again, every final state is there.
+        received = bytearray()
+        finals: set[str] = set()
+
+        async def all_finals_arrived() -> bool:
+            received.extend(drain(stalled))
+            for line in bytes(received).split(b"\n"):
+                if line.startswith(b"data: ") and b'"status":"completed"' in line:
+                    finals.add(json.loads(line[6:])["params"]["taskId"])
+            return finals == set(tasks)
+
+        await eventually(all_finals_arrived, timeout=30)
+    finally:
+        stalled.close()
+    await eventually(lambda: len(hub.hub.fanout) == 0)
