@@ -76,6 +76,8 @@ def serve(config: Config) -> int:
         except NatsServerError as exc:
             log.error("%s", exc)
             return 1
+        # Where servers on this machine find the embedded NATS (README quick start).
+        (embedded.data_dir / "url").write_text(nats_url + "\n")
         log.info("embedded nats-server at %s (log %s)", nats_url, embedded.log_file)
     try:
         hub = Hub(config, nats_url)

@@ -1,0 +1,27 @@
+"""The library an MCP server uses to write its tasks where the taskhub reads them."""
+
+from bridge.bridge import TaskBridge, TaskExpired, TaskNotFound, TaskRecord, WriteConflict
+from bridge.states import (
+    BridgeEnvelope,
+    IllegalTransition,
+    InputKeyReused,
+    InvalidPayload,
+    TerminalStateError,
+)
+from bridge.wire import DetailedTask, InvalidEnvelope, TaskError
+
+__all__ = [
+    "BridgeEnvelope",
+    "DetailedTask",
+    "IllegalTransition",
+    "InputKeyReused",
+    "InvalidEnvelope",
+    "InvalidPayload",
+    "TaskBridge",
+    "TaskError",
+    "TaskExpired",
+    "TaskNotFound",
+    "TaskRecord",
+    "TerminalStateError",
+    "WriteConflict",
+]

@@ -1,0 +1,370 @@
+"""TaskBridge: a server's writer of task states into the KV bucket (DESIGN.md contracts 3, 4).
+
+Every write is a JetStream publish that returns only once stored (durable before reply) and
+is a compare-and-set on the key's last sequence, so a concurrent writer can lose and retry
+but never overwrite a terminal state. The rules themselves live in `bridge.states`.
+"""
+
+from __future__ import annotations
+
+import math
+import uuid
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from types import TracebackType
+from typing import Any, Self
+
+import msgspec
+import nats
+from nats.aio.client import Client
+from nats.js.errors import APIError, NotFoundError
+
+from bridge import states
+from bridge.jetstream import ensure_bucket, ensure_control_stream
+from bridge.states import BridgeEnvelope
+from bridge.wire import (
+    DEFAULT_BUCKET,
+    SERVER_ID_RE,
+    TERMINAL,
+    DetailedTask,
+    TaskError,
+    decode_envelope,
+    encode,
+    is_task_id,
+    kv_stream,
+    kv_subject,
+    parse_timestamp,
+)
+
+# JSStreamWrongLastSequenceErrF / ...ConstantErr: someone else wrote the key first.
+_WRONG_LAST_SEQUENCE = frozenset({10071, 10164})
+_EXPECTED_LAST = "Nats-Expected-Last-Subject-Sequence"
+_REMOVED_OPS = frozenset({"DEL", "PURGE"})
+# The server adds a TTL to now in int64 nanoseconds; ~292 years and up wraps around and
+# expires the message at once, so longer lifetimes are capped at a century.
+MAX_MESSAGE_TTL_S = 100 * 365 * 24 * 3600
+# Losing the CAS this many times in a row means the key is hot; give up loudly.
+MAX_ATTEMPTS = 8
+_CACHE_SIZE = 4096
+
+Clock = Callable[[], datetime]
+# A transition: (current task, every input key issued so far, now) → next task.
+Step = Callable[[DetailedTask, frozenset[str], datetime], DetailedTask]
+
+
+class TaskNotFound(LookupError):
+    """No such task in the bucket (never created, deleted, purged or expired)."""
+
+
+class TaskExpired(LookupError):
+    """The task's ttlMs has elapsed; it may no longer be written."""
+
+
+class WriteConflict(RuntimeError):
+    """Every compare-and-set attempt lost to a concurrent writer."""
+
+
+@dataclass(frozen=True, slots=True)
+class TaskRecord:
+    """One stored revision of a task: the KV stream sequence and the envelope's contents."""
+
+    task_id: str
+    revision: int
+    owner: str
+    server: str
+    task: DetailedTask
+
+
+class _IssuedKeys(msgspec.Struct):
+    issuedInputKeys: list[str] = msgspec.field(default_factory=list)
+
+
+_issued_decoder = msgspec.json.Decoder(_IssuedKeys)
+
+
+def decode_bridge_envelope(task_id: str, data: bytes) -> BridgeEnvelope:
+    """Validate with the hub's own decoder, then pick up the bridge's extra field."""
+    envelope = decode_envelope(task_id, data)
+    extra = _issued_decoder.decode(data)
+    return BridgeEnvelope(
+        owner=envelope.owner,
+        server=envelope.server,
+        task=envelope.task,
+        issuedInputKeys=extra.issuedInputKeys,
+    )
+
+
+def message_ttl(task: DetailedTask, now: datetime) -> int | None:
+    """Whole seconds left until createdAt + ttlMs, rounded up; None when unlimited."""
+    if task.ttlMs is None:
+        return None
+    age_ms = (now - parse_timestamp(task.createdAt)).total_seconds() * 1000
+    remaining_ms = task.ttlMs - age_ms
+    if remaining_ms <= 0:
+        raise TaskExpired(f"task {task.taskId} expired")
+    # NATS TTLs have one-second granularity; never cut a lifetime short.
+    return min(max(1, math.ceil(remaining_ms / 1000)), MAX_MESSAGE_TTL_S)
+
+
+def _utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+def _record(task_id: str, revision: int, envelope: BridgeEnvelope) -> TaskRecord:
+    return TaskRecord(task_id, revision, envelope.owner, envelope.server, envelope.task)
+
+
+class TaskBridge:
+    """Writes one server's tasks; build it with `connect` or `attach`, then `close` it."""
+
+    def __init__(
+        self, nc: Client, server_id: str, *, bucket: str, owns_connection: bool, clock: Clock
+    ) -> None:
+        self._nc = nc
+        self._js = nc.jetstream()
+        self.server_id = server_id
+        self.bucket = bucket
+        self._stream = kv_stream(bucket)
+        self._owns_connection = owns_connection
+        self._clock = clock
+        # The last (revision, envelope) this bridge wrote or read per task: most writes
+        # follow our own previous write, so they skip the read. The CAS catches staleness.
+        self._cache: OrderedDict[str, tuple[int, BridgeEnvelope]] = OrderedDict()
+
+    @classmethod
+    async def connect(
+        cls,
+        nats_url: str,
+        server_id: str,
+        *,
+        bucket: str = DEFAULT_BUCKET,
+        replicas: int = 1,
+        clock: Clock = _utcnow,
+        **nats_options: Any,
+    ) -> TaskBridge:
+        """Open a NATS connection of our own; `close()` closes it."""
+        _check_server_id(server_id)
+        nc = await nats.connect(nats_url, **nats_options)
+        try:
+            return await cls._start(nc, server_id, bucket, replicas, True, clock)
+        except BaseException:
+            await nc.close()
+            raise
+
+    @classmethod
+    async def attach(
+        cls,
+        nc: Client,
+        server_id: str,
+        *,
+        bucket: str = DEFAULT_BUCKET,
+        replicas: int = 1,
+        clock: Clock = _utcnow,
+    ) -> TaskBridge:
+        """Borrow a connection; `close()` leaves it open."""
+        _check_server_id(server_id)
+        return await cls._start(nc, server_id, bucket, replicas, False, clock)
+
+    @classmethod
+    async def _start(
+        cls, nc: Client, server_id: str, bucket: str, replicas: int, owns: bool, clock: Clock
+    ) -> TaskBridge:
+        bridge = cls(nc, server_id, bucket=bucket, owns_connection=owns, clock=clock)
+        await ensure_bucket(bridge._js, bucket, replicas)
+        await ensure_control_stream(bridge._js, replicas)
+        return bridge
+
+    async def close(self) -> None:
+        self._cache.clear()
+        if self._owns_connection and not self._nc.is_closed:
+            await self._nc.close()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    # -- writes ---------------------------------------------------------------------------
+
+    async def create(
+        self,
+        *,
+        owner: str,
+        ttl_ms: int | None = None,
+        poll_interval_ms: int | None = None,
+        status_message: str | None = None,
+    ) -> TaskRecord:
+        """A new `working` task owned by `owner`, durable once this returns."""
+        if not isinstance(owner, str) or not owner:
+            raise ValueError("owner must be a non-empty principal")
+        task_id = str(uuid.uuid4())  # 122 random bits (contract 3)
+        now = self._clock()
+        task = states.new_task(
+            task_id,
+            now,
+            ttl_ms=ttl_ms,
+            poll_interval_ms=poll_interval_ms,
+            status_message=status_message,
+        )
+        envelope = BridgeEnvelope(owner=owner, server=self.server_id, task=task)
+        # Expected last sequence 0 = KV create: the key must not exist.
+        revision = await self._publish(task_id, envelope, 0, message_ttl(task, now))
+        self._remember(task_id, revision, envelope)
+        return _record(task_id, revision, envelope)
+
+    async def working(self, task_id: str, *, status_message: str | None = None) -> TaskRecord:
+        return await self._change(
+            task_id, lambda t, _, now: states.to_working(t, now, status_message=status_message)
+        )
+
+    async def require_input(
+        self,
+        task_id: str,
+        input_requests: Mapping[str, Mapping[str, Any]],
+        *,
+        status_message: str | None = None,
+    ) -> TaskRecord:
+        """Add outstanding input requests; each key must be new for this task."""
+        return await self._change(
+            task_id,
+            lambda t, issued, now: states.to_input_required(
+                t, input_requests, now, issued_keys=issued, status_message=status_message
+            ),
+        )
+
+    async def complete(
+        self, task_id: str, result: Mapping[str, Any], *, status_message: str | None = None
+    ) -> TaskRecord:
+        return await self._change(
+            task_id,
+            lambda t, _, now: states.to_completed(t, result, now, status_message=status_message),
+        )
+
+    async def fail(
+        self,
+        task_id: str,
+        error: TaskError | Mapping[str, Any],
+        *,
+        status_message: str | None = None,
+    ) -> TaskRecord:
+        return await self._change(
+            task_id,
+            lambda t, _, now: states.to_failed(t, error, now, status_message=status_message),
+        )
+
+    async def cancelled(self, task_id: str, *, status_message: str | None = None) -> TaskRecord:
+        return await self._change(
+            task_id, lambda t, _, now: states.to_cancelled(t, now, status_message=status_message)
+        )
+
+    async def answer(self, task_id: str, keys: Iterable[str]) -> TaskRecord:
+        """Mark input keys answered; unknown or stale keys change nothing (no write)."""
+        if isinstance(keys, str):
+            raise TypeError("keys must be an iterable of keys, not one string")
+        answered = frozenset(keys)
+        return await self._change(task_id, lambda t, _, now: states.answer(t, answered, now))
+
+    # -- reads ----------------------------------------------------------------------------
+
+    async def get(self, task_id: str) -> TaskRecord | None:
+        """The current stored state, read from the stream leader; None if there is none."""
+        entry = await self._read(task_id)
+        return None if entry is None else _record(task_id, *entry)
+
+    async def _read(self, task_id: str) -> tuple[int, BridgeEnvelope] | None:
+        if not is_task_id(task_id):
+            return None  # also keeps wildcards and dots out of the subject
+        try:
+            # direct=False: the leader answers, so we see our own and others' latest write.
+            msg = await self._js.get_msg(
+                self._stream, subject=kv_subject(self.bucket, task_id), direct=False
+            )
+        except NotFoundError:
+            return None
+        headers = msg.headers or {}
+        # A KV delete/purge, or the marker the server leaves when a TTL removed the value.
+        if headers.get("KV-Operation") in _REMOVED_OPS or "Nats-Marker-Reason" in headers:
+            self._cache.pop(task_id, None)
+            return None
+        if msg.seq is None or msg.data is None:
+            return None
+        envelope = decode_bridge_envelope(task_id, msg.data)
+        self._remember(task_id, msg.seq, envelope)
+        return msg.seq, envelope
+
+    # -- the compare-and-set loop --------------------------------------------------------
+
+    async def _change(self, task_id: str, step: Step) -> TaskRecord:
+        entry = self._cache.get(task_id) if is_task_id(task_id) else None
+        fresh = False
+        for _ in range(MAX_ATTEMPTS):
+            if entry is None:
+                entry = await self._read(task_id)
+                fresh = True
+                if entry is None:
+                    raise TaskNotFound(f"no task {task_id!r}")
+            revision, envelope = entry
+            now = self._clock()
+            try:
+                task = step(envelope.task, frozenset(envelope.issuedInputKeys), now)
+            except ValueError:
+                if fresh:
+                    raise
+                entry = None  # a refusal must come from the stored state, not our cache
+                continue
+            if task is envelope.task:  # nothing to write (answer() with stale keys)
+                if fresh:
+                    return _record(task_id, revision, envelope)
+                entry = None
+                continue
+            updated = states.with_task(envelope, task)
+            try:
+                new_revision = await self._publish(
+                    task_id, updated, revision, message_ttl(task, now)
+                )
+            except APIError as exc:
+                if exc.err_code not in _WRONG_LAST_SEQUENCE:
+                    raise
+                entry = None  # lost the CAS: re-read what the winner wrote and recompute
+                continue
+            self._remember(task_id, new_revision, updated)
+            return _record(task_id, new_revision, updated)
+        raise WriteConflict(f"task {task_id}: {MAX_ATTEMPTS} concurrent writes in a row won")
+
+    async def _publish(
+        self, task_id: str, envelope: BridgeEnvelope, last: int, ttl_s: int | None
+    ) -> int:
+        ack = await self._js.publish(
+            kv_subject(self.bucket, task_id),
+            encode(envelope),
+            stream=self._stream,
+            headers={_EXPECTED_LAST: str(last)},
+            msg_ttl=ttl_s,
+        )
+        return int(ack.seq)
+
+    def _remember(self, task_id: str, revision: int, envelope: BridgeEnvelope) -> None:
+        if envelope.task.status in TERMINAL:
+            # No write can follow; a later attempt reads the stored state and is refused.
+            self._cache.pop(task_id, None)
+            return
+        cached = self._cache.get(task_id)
+        if cached is not None and cached[0] >= revision:
+            return
+        self._cache[task_id] = (revision, envelope)
+        self._cache.move_to_end(task_id)
+        if len(self._cache) > _CACHE_SIZE:
+            self._cache.popitem(last=False)
+
+
+def _check_server_id(server_id: str) -> None:
+    if not isinstance(server_id, str) or SERVER_ID_RE.fullmatch(server_id) is None:
+        raise ValueError(f"server id {server_id!r} does not match [A-Za-z0-9_-]{{1,64}}")
