@@ -1,0 +1,258 @@
+"""Validation of one `POST /mcp` message: headers and body in, a `Request` or `RequestError` out.
+
+Steps 4–14 of the wire digest §2.5 as one pure function, so every rule is unit-tested and the
+HTTP layer only moves bytes (steps 1–3, 405/Origin/auth, stay there; so does dispatch).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import msgspec
+
+from hub import jsonrpc
+from hub.headers import decode_header_value, is_plain_safe
+from hub.jsonrpc import RequestId, RpcError, shorten
+
+SUPPORTED_VERSIONS: tuple[str, ...] = ("2026-07-28",)
+TASK_METHODS = frozenset({"tasks/get", "tasks/update", "tasks/cancel"})
+# H18: tasks/result and tasks/list are legacy; under 2026-07-28 they are unknown methods.
+METHODS = frozenset({"server/discover", "subscriptions/listen", *TASK_METHODS})
+
+PROTOCOL_VERSION_KEY = "io.modelcontextprotocol/protocolVersion"
+CLIENT_CAPABILITIES_KEY = "io.modelcontextprotocol/clientCapabilities"
+
+# Header names, lower-cased (H16: names are case-insensitive, values are not).
+_VERSION_HEADER = "mcp-protocol-version"
+_METHOD_HEADER = "mcp-method"
+_NAME_HEADER = "mcp-name"
+_ACCEPT_HEADER = "accept"
+_EVENT_STREAM_RANGES = frozenset({"text/event-stream", "text/*", "*/*"})
+
+
+class Notification(msgspec.Struct, frozen=True):
+    """A JSON-RPC notification: the HTTP layer answers 202 with no body (H6)."""
+
+    method: str
+
+
+class Request(msgspec.Struct, frozen=True, kw_only=True):
+    """A request that passed every check; handlers only decide the answer.
+
+    `params` is the body's params object as sent (including `_meta`). Capabilities come from
+    this request alone (H30). The method-specific fields are set for their method only.
+    """
+
+    id: RequestId
+    method: str
+    params: dict[str, Any]
+    client_capabilities: dict[str, Any]
+    declared_tasks: bool
+    task_id: str | None = None  # tasks/get, tasks/update, tasks/cancel
+    input_responses: dict[str, Any] | None = None  # tasks/update
+    task_ids: tuple[str, ...] | None = None  # subscriptions/listen; None = not requested
+
+
+ParsedMessage = Request | Notification
+
+
+class RequestError(Exception):
+    """An `RpcError` plus what the HTTP layer needs to answer it.
+
+    `request_id` is None only when the message could not be read as a request (H71);
+    `method` is the body's method when it was a string (for logs and metric labels).
+    """
+
+    def __init__(
+        self, error: RpcError, request_id: RequestId | None = None, method: str | None = None
+    ) -> None:
+        super().__init__(error.message)
+        self.error = error
+        self.request_id = request_id
+        self.method = method
+
+    def __repr__(self) -> str:
+        return f"RequestError({self.error!r}, request_id={self.request_id!r})"
+
+
+class _Call(msgspec.Struct, frozen=True):
+    id: RequestId
+    method: str
+    params: Any  # None when the body had no "params"
+
+
+def parse_request(headers: Mapping[str, str], body: bytes) -> ParsedMessage:
+    """Validate one message; raise `RequestError` carrying the JSON-RPC error to send.
+
+    `headers` must look names up case-insensitively (Starlette's `Headers`) or hold lower-case
+    keys. Repeated headers are the HTTP layer's concern: this sees one value per name.
+    """
+    call = _read_envelope(body)
+    if isinstance(call, Notification):
+        return call
+    try:
+        return _validate(headers, call)
+    except RpcError as err:
+        raise RequestError(err, call.id, call.method) from None
+
+
+def _read_envelope(body: bytes) -> _Call | Notification:
+    """Step 4 (and 5): JSON-RPC shape only. `id` is echoed once it has been read."""
+    try:
+        message = msgspec.json.decode(body)  # also rejects invalid UTF-8 and lone surrogates
+    except msgspec.DecodeError:
+        raise RequestError(jsonrpc.parse_error("Parse error: body is not valid JSON")) from None
+    except RecursionError:
+        raise RequestError(jsonrpc.parse_error("Parse error: JSON nested too deeply")) from None
+    if isinstance(message, list):
+        raise RequestError(jsonrpc.invalid_request("Invalid request: batches are not supported"))
+    if not isinstance(message, dict):
+        raise RequestError(jsonrpc.invalid_request("Invalid request: expected a JSON object"))
+    if "method" not in message and ("result" in message or "error" in message):
+        # §2.1: clients never send responses; its id names no request of theirs.
+        raise RequestError(jsonrpc.invalid_request("Invalid request: responses are not accepted"))
+    request_id: RequestId | None = None
+    if "id" in message:
+        raw_id = message["id"]
+        # JSON true/false decode to bool, a subclass of int: not an id. Floats are not ids.
+        if not isinstance(raw_id, str | int) or isinstance(raw_id, bool):
+            raise RequestError(
+                jsonrpc.invalid_request("Invalid request: id must be a string or an integer")
+            )
+        request_id = raw_id
+    method = message.get("method")
+    method_name = method if isinstance(method, str) else None
+    if message.get("jsonrpc") != "2.0":
+        error = jsonrpc.invalid_request('Invalid request: jsonrpc must be "2.0"')
+        raise RequestError(error, request_id, method_name)
+    if method_name is None:
+        error = jsonrpc.invalid_request("Invalid request: method must be a string")
+        raise RequestError(error, request_id)
+    if request_id is None:
+        return Notification(method_name)
+    return _Call(request_id, method_name, message.get("params"))
+
+
+def _validate(headers: Mapping[str, str], call: _Call) -> Request:
+    """Steps 6–14; raises RpcError."""
+    header_version = headers.get(_VERSION_HEADER)
+    if header_version is None:  # H8: this hub serves no pre-2025-06-18 clients
+        raise jsonrpc.header_mismatch("required header MCP-Protocol-Version is missing")
+
+    # H11: without readable _meta the request is malformed, HTTP 400.
+    params = call.params
+    if not isinstance(params, dict):
+        raise jsonrpc.invalid_params("params must be an object carrying _meta", http_status=400)
+    meta = params.get("_meta")
+    if not isinstance(meta, dict):
+        raise jsonrpc.invalid_params("params._meta is required", http_status=400)
+    version = meta.get(PROTOCOL_VERSION_KEY)
+    if not isinstance(version, str):
+        message = f"params._meta[{PROTOCOL_VERSION_KEY!r}] must be a string"
+        raise jsonrpc.invalid_params(message, http_status=400)
+    capabilities = meta.get(CLIENT_CAPABILITIES_KEY)
+    if not isinstance(capabilities, dict):
+        message = f"params._meta[{CLIENT_CAPABILITIES_KEY!r}] must be an object"
+        raise jsonrpc.invalid_params(message, http_status=400)
+
+    if not is_plain_safe(header_version):  # H15
+        raise jsonrpc.header_mismatch("MCP-Protocol-Version header value has invalid characters")
+    if header_version != version:  # H9
+        raise _mismatch("MCP-Protocol-Version", header_version, version)
+    if version not in SUPPORTED_VERSIONS:  # H10
+        raise jsonrpc.unsupported_version(version, SUPPORTED_VERSIONS)
+
+    raw_method = headers.get(_METHOD_HEADER)
+    if raw_method is None:  # H12
+        raise jsonrpc.header_mismatch("required header Mcp-Method is missing")
+    header_method = decode_header_value(raw_method, name="Mcp-Method")
+    if header_method != call.method:  # H12, H16: values compare case-sensitively
+        raise _mismatch("Mcp-Method", header_method, call.method)
+    if call.method not in METHODS:  # H17, H18
+        raise jsonrpc.method_not_found(call.method)
+
+    declared = _declares_tasks(capabilities)  # H30: this request's own _meta only
+    request = Request(
+        id=call.id,
+        method=call.method,
+        params=params,
+        client_capabilities=capabilities,
+        declared_tasks=declared,
+    )
+    if call.method in TASK_METHODS:
+        return _task_request(headers, request)
+    if call.method == "subscriptions/listen":
+        return _listen_request(headers, request)
+    return request  # server/discover: no params besides _meta; Mcp-Name is ignored
+
+
+def _task_request(headers: Mapping[str, str], request: Request) -> Request:
+    """tasks/get|update|cancel: steps 12–14."""
+    raw_name = headers.get(_NAME_HEADER)
+    if raw_name is None:  # H13, §8 item 9: enforced strictly
+        raise jsonrpc.header_mismatch(f"required header Mcp-Name is missing for {request.method}")
+    name = decode_header_value(raw_name, name="Mcp-Name")  # H14, H15
+    task_id = request.params.get("taskId")
+    # Only a string taskId can be compared; any other taskId is bad params (step 14), reported
+    # after the capability check so the step order stays that of §2.5.
+    if isinstance(task_id, str) and name != task_id:  # H13
+        raise _mismatch("Mcp-Name", name, task_id)
+    if not request.declared_tasks:  # H31
+        raise jsonrpc.missing_capability()
+    if not isinstance(task_id, str):
+        raise jsonrpc.invalid_params("params.taskId must be a string")
+    # A taskId outside the task-id syntax is kept: the handler answers it as "not found"
+    # (-32602), exactly like an unknown task (H42, H46).
+    if request.method != "tasks/update":
+        return msgspec.structs.replace(request, task_id=task_id)
+    input_responses = request.params.get("inputResponses")
+    if not isinstance(input_responses, dict):  # §4.5: required; its entries stay opaque
+        raise jsonrpc.invalid_params("params.inputResponses must be an object")
+    return msgspec.structs.replace(request, task_id=task_id, input_responses=input_responses)
+
+
+def _listen_request(headers: Mapping[str, str], request: Request) -> Request:
+    """subscriptions/listen: §8 item 21, then H55, H32 and the taskIds shape."""
+    if not _accepts_event_stream(headers.get(_ACCEPT_HEADER)):
+        message = "Invalid request: subscriptions/listen needs Accept: text/event-stream"
+        raise jsonrpc.invalid_request(message)
+    notifications = request.params.get("notifications")
+    if not isinstance(notifications, dict):  # H55
+        raise jsonrpc.invalid_params("params.notifications must be an object")
+    if "taskIds" not in notifications:
+        return request  # other filters (toolsListChanged, ...) are left out of the ack
+    if not request.declared_tasks:  # H32
+        raise jsonrpc.missing_capability()
+    raw_ids = notifications["taskIds"]
+    if not isinstance(raw_ids, list) or not all(isinstance(item, str) for item in raw_ids):
+        raise jsonrpc.invalid_params("params.notifications.taskIds must be an array of strings")
+    # Duplicates removed, first occurrence wins: one subscription per task.
+    return msgspec.structs.replace(request, task_ids=tuple(dict.fromkeys(raw_ids)))
+
+
+def _declares_tasks(capabilities: dict[str, Any]) -> bool:
+    extensions = capabilities.get("extensions")
+    return isinstance(extensions, dict) and isinstance(
+        extensions.get(jsonrpc.TASKS_EXTENSION), dict
+    )
+
+
+def _accepts_event_stream(accept: str | None) -> bool:
+    """§8 item 21 (hub choice): refuse only an Accept that lists media ranges, none of them SSE.
+
+    An absent or empty Accept is tolerated. Parameters (including q) are ignored.
+    """
+    if accept is None:
+        return True
+    ranges = [item.split(";", 1)[0].strip().lower() for item in accept.split(",")]
+    ranges = [item for item in ranges if item]
+    return not ranges or any(item in _EVENT_STREAM_RANGES for item in ranges)
+
+
+def _mismatch(header: str, header_value: str, body_value: str) -> RpcError:
+    """The message format of the spec's own example (§1.4), informative per H72."""
+    return jsonrpc.header_mismatch(
+        f"{header} header value '{shorten(header_value)}' "
+        f"does not match body value '{shorten(body_value)}'"
+    )
