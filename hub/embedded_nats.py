@@ -8,8 +8,10 @@ the race of probing for a free port and handing it over.
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
+import sys
 import shutil
 import signal
 import subprocess
@@ -20,6 +22,15 @@ from pathlib import Path
 
 class NatsServerError(RuntimeError):
     pass
+
+
+def _die_with_parent() -> None:
+    """Linux: SIGTERM the server if the hub dies without stopping it (e.g. SIGKILL)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
 
 
 def nats_server_binary() -> str:
@@ -72,7 +83,11 @@ class NatsServerProcess:
             str(ports_dir),
             *self.extra_args,
         ]
-        self.process = subprocess.Popen(args, stdin=subprocess.DEVNULL)
+        self.process = subprocess.Popen(
+            args,
+            stdin=subprocess.DEVNULL,
+            preexec_fn=_die_with_parent if sys.platform == "linux" else None,
+        )
         deadline = time.monotonic() + timeout
         ports_file = ports_dir / f"nats-server_{self.process.pid}.ports"
         while time.monotonic() < deadline:

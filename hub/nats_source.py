@@ -74,6 +74,7 @@ class NatsSource:
         self._catch_up_seq = 0  # stream sequence the cache must reach to be current
         self._applied_seq = 0  # highest stream sequence applied from the watch
         self._catch_up_task: asyncio.Task[None] | None = None
+        self._closing = False
 
     @property
     def ready(self) -> bool:
@@ -172,6 +173,7 @@ class NatsSource:
         return self.cache.get(task_id)
 
     async def close(self) -> None:
+        self._closing = True
         if self._catch_up_task is not None:
             self._catch_up_task.cancel()
         if self.nc is not None and not self.nc.is_closed:
@@ -182,7 +184,8 @@ class NatsSource:
         self.metrics.ready.set(0)
 
     async def _on_disconnected(self) -> None:
-        log.warning("NATS disconnected")
+        if not self._closing:
+            log.warning("NATS disconnected")
         self.metrics.ready.set(0)
 
     async def _on_reconnected(self) -> None:

@@ -91,3 +91,19 @@ async def test_serve_starts_answers_and_shuts_down_gracefully(tmp_path: Path) ->
         if proc.returncode is None:
             proc.kill()
             await proc.wait()
+
+
+async def test_embedded_nats_dies_with_a_killed_hub(tmp_path: Path) -> None:
+    args = ["serve", "--port", str(free_port()), "--data-dir", str(tmp_path)]
+    proc = await asyncio.create_subprocess_exec(*taskhub_command(), *args)
+    try:
+        ports_dir = tmp_path / "nats" / "ports"
+        await eventually(lambda: any(ports_dir.glob("*.ports")), timeout=10)
+        nats_pid = int(next(ports_dir.glob("*.ports")).stem.split("_")[1])
+        proc.kill()  # SIGKILL: no chance to stop the child itself
+        await proc.wait()
+        await eventually(lambda: not pid_alive(nats_pid), timeout=10)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
