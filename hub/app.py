@@ -100,6 +100,10 @@ class McpEndpoint:
                 answer = handlers.discover(message)
             elif message.method == "tasks/get":
                 answer = await handlers.tasks_get(self.hub, message, principal)
+            elif message.method == "tasks/update":
+                answer = await handlers.tasks_update(self.hub, message, principal)
+            elif message.method == "tasks/cancel":
+                answer = await handlers.tasks_cancel(self.hub, message, principal)
             elif message.method == "subscriptions/listen":
                 stream = await handlers.subscriptions_listen(self.hub, message, principal)
                 metrics.requests.inc(1, message.method, "ok")

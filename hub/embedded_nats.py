@@ -11,10 +11,10 @@ from __future__ import annotations
 import ctypes
 import json
 import os
-import sys
 import shutil
 import signal
 import subprocess
+import sys
 import sysconfig
 import time
 from pathlib import Path

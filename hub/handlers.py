@@ -7,8 +7,11 @@ nothing about tasks it does not own (invariant 3, H46).
 
 from __future__ import annotations
 
+import hashlib
+
 import msgspec
 
+from bridge.wire import CancelMessage, UpdateMessage, encode
 from hub import jsonrpc
 from hub.cache import TaskSnapshot
 from hub.fanout import Subscriber
@@ -68,6 +71,46 @@ async def tasks_get(hub: Hub, request: Request, principal: str) -> bytes:
         + snapshot.body[1:]  # the task's closing brace closes the result
         + b"}"
     )
+
+
+async def tasks_update(hub: Hub, request: Request, principal: str) -> bytes:
+    """`tasks/update` (H47–H50): forward the answers to the owning server, durably.
+
+    The ack means "stored for the owner", not "applied" (§4.5: eventually consistent);
+    the server ignores keys that are not outstanding (H49). The client's token never
+    travels upstream, only its principal (H54).
+    """
+    assert request.task_id is not None and request.input_responses is not None
+    snapshot = await find_task(hub, request.task_id, principal)
+    if snapshot is None:
+        raise jsonrpc.task_not_found()
+    if not snapshot.terminal:  # nothing can change a terminal task
+        message = UpdateMessage(snapshot.task_id, request.input_responses, principal)
+        await _forward(hub, snapshot, encode(message), request)
+    return jsonrpc.complete_ack(request.id)
+
+
+async def tasks_cancel(hub: Hub, request: Request, principal: str) -> bytes:
+    """`tasks/cancel` (H51–H53): cooperative; a terminal task is acked unchanged (§8 item 23)."""
+    assert request.task_id is not None
+    snapshot = await find_task(hub, request.task_id, principal)
+    if snapshot is None:
+        raise jsonrpc.task_not_found()
+    if not snapshot.terminal:
+        message = CancelMessage(snapshot.task_id, principal)
+        await _forward(hub, snapshot, encode(message), request)
+    return jsonrpc.complete_ack(request.id)
+
+
+async def _forward(hub: Hub, snapshot: TaskSnapshot, data: bytes, request: Request) -> None:
+    # The same request retried (same caller, id and content) is de-duplicated by JetStream.
+    digest = hashlib.blake2b(digest_size=16)
+    for part in (jsonrpc.encode_id(request.id), snapshot.owner.encode(), data):
+        digest.update(len(part).to_bytes(4, "big") + part)
+    try:
+        await hub.source.publish_control(snapshot.server, data, digest.hexdigest())
+    except StoreUnavailable as exc:
+        raise jsonrpc.internal_error(str(exc)) from exc
 
 
 async def subscriptions_listen(hub: Hub, request: Request, principal: str) -> ListenStream:

@@ -25,7 +25,7 @@ from nats.js import api
 from nats.js.errors import NotFoundError
 
 from bridge.jetstream import ensure_bucket, ensure_control_stream
-from bridge.wire import is_task_id, kv_stream, kv_subject
+from bridge.wire import CONTROL_STREAM, control_subject, is_task_id, kv_stream, kv_subject
 from hub.cache import TaskCache, TaskSnapshot
 from hub.metrics import Metrics
 
@@ -171,6 +171,18 @@ class NatsSource:
             return None
         self.cache.apply_put(task_id, raw.seq, raw.data or b"")
         return self.cache.get(task_id)
+
+    async def publish_control(self, server: str, data: bytes, msg_id: str) -> None:
+        """Queue a control message for `server`; returns once JetStream has stored it."""
+        try:
+            await self.js.publish(
+                control_subject(server),
+                data,
+                stream=CONTROL_STREAM,
+                headers={"Nats-Msg-Id": msg_id},  # a retried request is stored once
+            )
+        except Exception as exc:
+            raise StoreUnavailable(f"control stream unavailable: {type(exc).__name__}") from exc
 
     async def close(self) -> None:
         self._closing = True
