@@ -161,6 +161,14 @@ class TaskCache:
         self._on_remove(key)
         return True
 
+    def reset(self) -> None:
+        """Forget everything (the bucket was recreated); listeners hear of each removal."""
+        removed, self._tasks = self._tasks, {}
+        self._tombstones.clear()
+        self._expiry.clear()
+        for key in removed:
+            self._on_remove(key)
+
     def sweep(self) -> int:
         """Evict tasks past their TTL and old tombstones; returns how many tasks went."""
         now = self._clock()

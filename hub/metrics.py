@@ -87,6 +87,9 @@ class Metrics:
         self.read_through = Counter(
             "taskhub_read_through_total", "cache misses read from the KV leader", ("found",)
         )
+        self.rewatches = Counter(
+            "taskhub_nats_rewatches_total", "bucket watches resumed after a NATS reconnect"
+        )
         self.streams_closed = Counter(
             "taskhub_streams_closed_total", "listen streams ended, by reason", ("reason",)
         )

@@ -15,6 +15,7 @@ a lagging follower could answer), so a task created anywhere is found everywhere
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from typing import Any
 
@@ -34,6 +35,10 @@ log = logging.getLogger("taskhub.nats")
 _DELETE_OPS = {"DEL", "PURGE"}
 # Server-placed markers (nats-server 2.11+) when a TTL or limit removed the value.
 _MARKER_REASONS = {"MaxAge", "Purge", "Remove"}
+
+
+# The server deletes a watch consumer this long after its hub went away.
+INACTIVE_CONSUMER_S = 10.0
 
 
 class StoreUnavailable(RuntimeError):
@@ -75,6 +80,7 @@ class NatsSource:
         self._applied_seq = 0  # highest stream sequence applied from the watch
         self._catch_up_task: asyncio.Task[None] | None = None
         self._closing = False
+        self._rewatch_task: asyncio.Task[None] | None = None
 
     @property
     def ready(self) -> bool:
@@ -82,7 +88,7 @@ class NatsSource:
 
     async def start(self) -> None:
         self.nc = await nats.connect(
-            self.nats_url,
+            servers=[url.strip() for url in self.nats_url.split(",") if url.strip()],
             name="taskhub",
             max_reconnect_attempts=-1,
             reconnect_time_wait=0.5,
@@ -100,28 +106,65 @@ class NatsSource:
             await self._caught_up.wait()
 
     async def _watch(self) -> None:
+        """Start (or resume) the watch and the catch-up check that gates readiness."""
         info = await self.js.stream_info(self.stream)
-        self._catch_up_seq = info.state.last_seq if info.state.messages else 0
+        last_seq = info.state.last_seq if info.state.messages else 0
+        if self._applied_seq and info.state.last_seq >= self._applied_seq:
+            # Resume: with history 1, what is still stored from here on is the latest
+            # value (or delete marker) of every key that changed while we were away.
+            config = api.ConsumerConfig(
+                deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE,
+                opt_start_seq=self._applied_seq + 1,
+                inactive_threshold=INACTIVE_CONSUMER_S,
+            )
+        else:
+            if self._applied_seq:
+                # The bucket was deleted and made anew: what we hold describes nothing.
+                log.warning("bucket stream was reset; re-reading every task")
+                self.cache.reset()
+                self._applied_seq = 0
+            config = api.ConsumerConfig(
+                deliver_policy=api.DeliverPolicy.LAST_PER_SUBJECT,
+                inactive_threshold=INACTIVE_CONSUMER_S,
+            )
+        self._catch_up_seq = last_seq
         self._sub = await self.js.subscribe(
             f"$KV.{self.bucket}.>",
             stream=self.stream,
             cb=self._on_msg,
             ordered_consumer=True,
-            deliver_policy=api.DeliverPolicy.LAST_PER_SUBJECT,
+            config=config,
             idle_heartbeat=2.0,
             pending_msgs_limit=0,
             pending_bytes_limit=0,
         )
-        if self._catch_up_seq == 0:
+        if self._catch_up_seq <= self._applied_seq:
             self._mark_caught_up()
         else:
             self._catch_up_task = asyncio.create_task(self._confirm_catch_up())
 
+    async def _rewatch(self) -> None:
+        """After a reconnect: drop the old consumer and resume from the last applied value."""
+        while not self._closing:
+            old, self._sub = self._sub, None
+            if self._catch_up_task is not None:
+                self._catch_up_task.cancel()
+            try:
+                if old is not None:
+                    await _discard(old, self.js, self.stream)
+                await self._watch()
+                self.metrics.rewatches.inc()
+                return
+            except Exception as exc:
+                log.warning("re-watch failed (%s); retrying", type(exc).__name__)
+                await asyncio.sleep(0.5)
+
     async def _confirm_catch_up(self) -> None:
         """The last message may have expired before delivery: ask the consumer too."""
-        while not self._caught_up.is_set():
+        sub = self._sub
+        while not self._caught_up.is_set() and sub is self._sub:
             try:
-                info = await self._sub.consumer_info()
+                info = await sub.consumer_info()
                 if info.num_pending == 0 and info.delivered.stream_seq <= self._applied_seq:
                     self._mark_caught_up()
                     return
@@ -186,8 +229,9 @@ class NatsSource:
 
     async def close(self) -> None:
         self._closing = True
-        if self._catch_up_task is not None:
-            self._catch_up_task.cancel()
+        for task in (self._catch_up_task, self._rewatch_task):
+            if task is not None:
+                task.cancel()
         if self.nc is not None and not self.nc.is_closed:
             try:
                 await self.nc.drain()
@@ -201,9 +245,24 @@ class NatsSource:
         self.metrics.ready.set(0)
 
     async def _on_reconnected(self) -> None:
-        log.info("NATS reconnected to %s", self.nc.connected_url if self.nc else "?")
-        if self._caught_up.is_set():
-            self.metrics.ready.set(1)
+        log.info("NATS reconnected")
+        # Not ready until the cache has caught up with what changed while we were away.
+        self._caught_up.clear()
+        self.metrics.ready.set(0)
+        if self._rewatch_task is None or self._rewatch_task.done():
+            self._rewatch_task = asyncio.create_task(self._rewatch())
 
     async def _on_error(self, exc: Exception) -> None:
         log.warning("NATS error: %s", exc)
+
+
+async def _discard(sub: Any, js: Any, stream: str) -> None:
+    """Unsubscribe a watch and delete its consumer, so reconnect storms leave none behind."""
+    name = None
+    with contextlib.suppress(Exception):
+        name = (await sub.consumer_info()).name
+    with contextlib.suppress(Exception):
+        await sub.unsubscribe()
+    if name is not None:
+        with contextlib.suppress(Exception):
+            await js.delete_consumer(stream, name)
