@@ -24,6 +24,7 @@ from hub.app import create_app
 from hub.config import Config, add_serve_options, config_from_namespace
 from hub.embedded_nats import NatsServerError, NatsServerProcess
 from hub.runtime import Hub
+from hub.workers import run_workers
 
 log = logging.getLogger("taskhub")
 
@@ -58,11 +59,37 @@ class HubServer(uvicorn.Server):
         super().handle_exit(sig, frame)
 
 
-def serve(config: Config) -> int:
+def build_server(config: Config, nats_url: str) -> HubServer:
+    hub = Hub(config, nats_url)
+    uv_config = uvicorn.Config(
+        create_app(config, nats_url, hub),
+        host=config.host,
+        port=config.port,
+        log_level=config.log_level,
+        access_log=False,
+        lifespan="on",
+        timeout_graceful_shutdown=int(config.shutdown_grace) + 1,
+    )
+    return HubServer(uv_config, hub)
+
+
+def run_server(config: Config, nats_url: str, sock: socket.socket | None = None) -> int:
+    """One hub process until a signal stops it; 0 after a clean stop."""
+    server = build_server(config, nats_url)
+    server.run(sockets=None if sock is None else [sock])
+    # uvicorn returns without `started` when the lifespan start-up failed.
+    return 0 if server.started else 1
+
+
+def configure_logging(config: Config) -> None:
     logging.basicConfig(
         level=config.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+
+
+def serve(config: Config) -> int:
+    configure_logging(config)
     if config.is_loopback:
         log.warning("authentication is off: every caller is principal 'anonymous'")
     else:
@@ -80,21 +107,9 @@ def serve(config: Config) -> int:
         (embedded.data_dir / "url").write_text(nats_url + "\n")
         log.info("embedded nats-server at %s (log %s)", nats_url, embedded.log_file)
     try:
-        hub = Hub(config, nats_url)
-        app = create_app(config, nats_url, hub)
-        uv_config = uvicorn.Config(
-            app,
-            host=config.host,
-            port=config.port,
-            log_level=config.log_level,
-            access_log=False,
-            lifespan="on",
-            timeout_graceful_shutdown=int(config.shutdown_grace) + 1,
-        )
-        server = HubServer(uv_config, hub)
-        server.run()
-        # uvicorn exits with the lifespan's start-up failure as a non-started server.
-        return 0 if server.started else 1
+        if config.workers > 1:
+            return run_workers(config, nats_url)
+        return run_server(config, nats_url)
     finally:
         if embedded is not None:
             embedded.stop()

@@ -31,6 +31,8 @@ class Config:
     keepalive: float = 15.0
     log_level: str = "info"
     insecure_no_auth: bool = False
+    # Hub processes sharing the port, each with its own NATS watch.
+    workers: int = 1
     # Larger request bodies get 413 before they are parsed.
     max_body_bytes: int = 1 << 20
     # Listen streams whose client has not read for this long are closed (dead peers).
@@ -119,6 +121,8 @@ def add_serve_options(parser: argparse.ArgumentParser, env: Mapping[str, str]) -
         defaults.keepalive,
     )
     option("log-level", "log level (default info)", str.lower, defaults.log_level)
+    option("workers", "hub processes sharing the port, each with its own NATS watch (default 1)",
+           _positive_int, defaults.workers)  # fmt: skip
     env_name = "TASKHUB_INSECURE_NO_AUTH"
     parser.add_argument(
         "--insecure-no-auth",
@@ -151,6 +155,7 @@ def config_from_namespace(ns: argparse.Namespace, parser: argparse.ArgumentParse
         keepalive=ns.keepalive,
         log_level=ns.log_level,
         insecure_no_auth=ns.insecure_no_auth,
+        workers=ns.workers,
     )
     if not config.is_loopback and not config.insecure_no_auth:
         parser.error(

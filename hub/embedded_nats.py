@@ -24,8 +24,8 @@ class NatsServerError(RuntimeError):
     pass
 
 
-def _die_with_parent() -> None:
-    """Linux: SIGTERM the server if the hub dies without stopping it (e.g. SIGKILL)."""
+def die_with_parent() -> None:
+    """Linux: get SIGTERM when the parent dies without stopping us (e.g. SIGKILL)."""
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
@@ -86,7 +86,7 @@ class NatsServerProcess:
         self.process = subprocess.Popen(
             args,
             stdin=subprocess.DEVNULL,
-            preexec_fn=_die_with_parent if sys.platform == "linux" else None,
+            preexec_fn=die_with_parent if sys.platform == "linux" else None,
         )
         deadline = time.monotonic() + timeout
         ports_file = ports_dir / f"nats-server_{self.process.pid}.ports"

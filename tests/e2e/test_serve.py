@@ -107,3 +107,42 @@ async def test_embedded_nats_dies_with_a_killed_hub(tmp_path: Path) -> None:
         if proc.returncode is None:
             proc.kill()
             await proc.wait()
+
+
+def children(pid: int) -> list[int]:
+    path = Path(f"/proc/{pid}/task/{pid}/children")
+    return [int(p) for p in path.read_text().split()] if path.exists() else []
+
+
+async def test_workers_share_the_port_and_stop_gracefully(tmp_path: Path) -> None:
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    args = ["serve", "--port", str(port), "--data-dir", str(tmp_path), "--workers", "2"]
+    proc = await asyncio.create_subprocess_exec(*taskhub_command(), *args)
+    try:
+        async with httpx.AsyncClient(timeout=5) as client:
+
+            async def all_ready() -> bool:
+                try:
+                    answers = [await client.get(url + "/readyz") for _ in range(8)]
+                except httpx.TransportError:
+                    return False
+                return all(r.status_code == 200 for r in answers)
+
+            await eventually(all_ready, timeout=20)
+            # nats-server plus two workers (and spawn's resource tracker, if any).
+            assert len(children(proc.pid)) >= 3
+            body = rpc("subscriptions/listen", {"notifications": {"taskIds": []}}, id="w")
+            async with client.stream(
+                "POST", url + "/mcp", json=body, headers=headers_for(body)
+            ) as response:
+                stream = SseStream(response)
+                assert (await stream.next())["method"].endswith("acknowledged")
+                proc.send_signal(signal.SIGTERM)
+                assert (await stream.next())["id"] == "w"
+        async with asyncio.timeout(20):
+            assert await proc.wait() == 0
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
