@@ -48,6 +48,7 @@ class TaskSnapshot:
     status: str
     expires_at: float | None  # epoch seconds; None = unlimited
     body: bytes
+    poll_interval_ms: int | None = None
 
     @property
     def terminal(self) -> bool:
@@ -141,6 +142,7 @@ class TaskCache:
             status=task.status,
             expires_at=expires_at,
             body=body,
+            poll_interval_ms=task.pollIntervalMs if isinstance(task.pollIntervalMs, int) else None,
         )
         self._tasks[key] = snapshot
         if expires_at is not None:

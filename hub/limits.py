@@ -1,0 +1,90 @@
+"""Admission limits: poll rate per caller and task, open streams per caller and in total.
+
+Pure bookkeeping with time passed in, so every rule is unit-tested without waiting.
+Memory stays bounded: the poll buckets are an LRU of fixed size, and a bucket that has
+refilled completely is indistinguishable from a new one, so evicting it loses nothing.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict, defaultdict
+from dataclasses import dataclass
+
+
+@dataclass(slots=True)
+class _Bucket:
+    tokens: float
+    stamp: float
+
+
+class PollLimiter:
+    """A token bucket per (principal, task): one token per `pollIntervalMs`, `burst` deep.
+
+    Clients SHOULD poll no faster than `pollIntervalMs` (spec §4.4); the burst leaves
+    room for retries and several tabs before anyone sees a 429.
+    """
+
+    def __init__(self, burst: int, default_interval_s: float, max_keys: int = 100_000) -> None:
+        self.burst = burst
+        self.default_interval_s = default_interval_s
+        self.max_keys = max_keys
+        self._buckets: OrderedDict[tuple[str, str], _Bucket] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._buckets)
+
+    def admit(self, principal: str, task_id: str, interval_s: float | None, now: float) -> float:
+        """0 if this poll may proceed, else the seconds to wait (for Retry-After)."""
+        interval = self.default_interval_s if interval_s is None else interval_s
+        if interval <= 0:
+            return 0.0
+        key = (principal, task_id)
+        bucket = self._buckets.get(key)
+        if bucket is None:
+            bucket = _Bucket(float(self.burst), now)
+            self._buckets[key] = bucket
+            if len(self._buckets) > self.max_keys:
+                self._buckets.popitem(last=False)
+        else:
+            self._buckets.move_to_end(key)
+            bucket.tokens = min(self.burst, bucket.tokens + (now - bucket.stamp) / interval)
+            bucket.stamp = now
+        if bucket.tokens >= 1:
+            bucket.tokens -= 1
+            return 0.0
+        return (1 - bucket.tokens) * interval
+
+
+class StreamLimiter:
+    """Counts open listen streams per principal and in total."""
+
+    def __init__(self, max_total: int, max_per_principal: int) -> None:
+        self.max_total = max_total
+        self.max_per_principal = max_per_principal
+        self.total = 0
+        self._by_principal: defaultdict[str, int] = defaultdict(int)
+
+    def acquire(self, principal: str) -> str | None:
+        """Take a slot; returns why not (a message for the caller) when full."""
+        if self.total >= self.max_total:
+            return f"the hub has reached its limit of {self.max_total} open streams"
+        if self._by_principal[principal] >= self.max_per_principal:
+            return f"limit of {self.max_per_principal} open streams per caller reached"
+        self.total += 1
+        self._by_principal[principal] += 1
+        return None
+
+    def release(self, principal: str) -> None:
+        self.total -= 1
+        self._by_principal[principal] -= 1
+        if self._by_principal[principal] <= 0:
+            del self._by_principal[principal]
+
+    def open_for(self, principal: str) -> int:
+        return self._by_principal.get(principal, 0)
+
+
+def retry_after(seconds: float) -> str:
+    """A Retry-After value: whole seconds, at least 1."""
+    return str(max(1, math.ceil(seconds)))

@@ -1,0 +1,63 @@
+"""Poll-rate and stream limits, with time passed in."""
+
+from __future__ import annotations
+
+import pytest
+
+from hub.limits import PollLimiter, StreamLimiter, retry_after
+
+
+def test_a_burst_is_admitted_then_polls_are_paced_by_the_interval() -> None:
+    limiter = PollLimiter(burst=3, default_interval_s=1.0)
+    assert [limiter.admit("p", "t", 2.0, now=0.0) for _ in range(3)] == [0, 0, 0]
+    wait = limiter.admit("p", "t", 2.0, now=0.0)
+    assert wait == pytest.approx(2.0)
+    assert limiter.admit("p", "t", 2.0, now=1.0) == pytest.approx(1.0)
+    assert limiter.admit("p", "t", 2.0, now=2.0) == 0  # one token refilled
+
+
+def test_buckets_are_per_principal_and_task() -> None:
+    limiter = PollLimiter(burst=1, default_interval_s=1.0)
+    assert limiter.admit("alice", "t1", 5.0, 0.0) == 0
+    assert limiter.admit("alice", "t1", 5.0, 0.0) > 0
+    assert limiter.admit("bob", "t1", 5.0, 0.0) == 0
+    assert limiter.admit("alice", "t2", 5.0, 0.0) == 0
+
+
+def test_tasks_without_an_interval_use_the_default_and_zero_disables() -> None:
+    limiter = PollLimiter(burst=1, default_interval_s=0.5)
+    assert limiter.admit("p", "t", None, 0.0) == 0
+    assert limiter.admit("p", "t", None, 0.0) == pytest.approx(0.5)
+    assert all(limiter.admit("p", "u", 0.0, 0.0) == 0 for _ in range(100))
+
+
+def test_refill_never_exceeds_the_burst() -> None:
+    limiter = PollLimiter(burst=2, default_interval_s=1.0)
+    limiter.admit("p", "t", 1.0, 0.0)
+    admitted = [limiter.admit("p", "t", 1.0, 1_000.0) for _ in range(3)]
+    assert admitted[:2] == [0, 0] and admitted[2] > 0
+
+
+def test_memory_is_bounded() -> None:
+    limiter = PollLimiter(burst=1, default_interval_s=1.0, max_keys=100)
+    for n in range(1_000):
+        limiter.admit("p", f"task-{n}", 1.0, 0.0)
+    assert len(limiter) == 100
+
+
+def test_stream_limits_per_principal_and_total() -> None:
+    streams = StreamLimiter(max_total=3, max_per_principal=2)
+    assert streams.acquire("a") is None and streams.acquire("a") is None
+    assert "per caller" in (streams.acquire("a") or "")
+    assert streams.acquire("b") is None
+    assert "3 open streams" in (streams.acquire("c") or "")
+    streams.release("a")
+    assert streams.open_for("a") == 1 and streams.acquire("c") is None
+    for principal in ("a", "b", "c"):
+        streams.release(principal)
+    assert streams.total == 0 and streams.open_for("a") == 0
+
+
+@pytest.mark.parametrize(("seconds", "header"), [(0.0, "1"), (0.2, "1"), (1.0, "1"), (1.01, "2")])
+def test_retry_after_is_whole_seconds(seconds: float, header: str) -> None:
+    assert retry_after(seconds) == header
