@@ -1,6 +1,7 @@
 """The library an MCP server uses to write its tasks where the taskhub reads them."""
 
 from bridge.bridge import TaskBridge, TaskExpired, TaskNotFound, TaskRecord, WriteConflict
+from bridge.control import CancelHandler, ControlOptions, ControlStats, InputHandler
 from bridge.states import (
     BridgeEnvelope,
     IllegalTransition,
@@ -12,8 +13,12 @@ from bridge.wire import DetailedTask, InvalidEnvelope, TaskError
 
 __all__ = [
     "BridgeEnvelope",
+    "CancelHandler",
+    "ControlOptions",
+    "ControlStats",
     "DetailedTask",
     "IllegalTransition",
+    "InputHandler",
     "InputKeyReused",
     "InvalidEnvelope",
     "InvalidPayload",

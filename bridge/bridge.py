@@ -7,6 +7,7 @@ but never overwrite a terminal state. The rules themselves live in `bridge.state
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import uuid
 from collections import OrderedDict
@@ -22,6 +23,13 @@ from nats.aio.client import Client
 from nats.js.errors import APIError, NotFoundError
 
 from bridge import states
+from bridge.control import (
+    CancelHandler,
+    ControlConsumer,
+    ControlOptions,
+    ControlStats,
+    InputHandler,
+)
 from bridge.jetstream import ensure_bucket, ensure_control_stream
 from bridge.states import BridgeEnvelope
 from bridge.wire import (
@@ -120,7 +128,14 @@ class TaskBridge:
     """Writes one server's tasks; build it with `connect` or `attach`, then `close` it."""
 
     def __init__(
-        self, nc: Client, server_id: str, *, bucket: str, owns_connection: bool, clock: Clock
+        self,
+        nc: Client,
+        server_id: str,
+        *,
+        bucket: str,
+        owns_connection: bool,
+        clock: Clock,
+        control: ControlOptions | None = None,
     ) -> None:
         self._nc = nc
         self._js = nc.jetstream()
@@ -132,6 +147,8 @@ class TaskBridge:
         # The last (revision, envelope) this bridge wrote or read per task: most writes
         # follow our own previous write, so they skip the read. The CAS catches staleness.
         self._cache: OrderedDict[str, tuple[int, BridgeEnvelope]] = OrderedDict()
+        # Forwarded tasks/update and tasks/cancel; consuming starts with the first handler.
+        self._control = ControlConsumer(self, nc, control or ControlOptions())
 
     @classmethod
     async def connect(
@@ -142,13 +159,19 @@ class TaskBridge:
         bucket: str = DEFAULT_BUCKET,
         replicas: int = 1,
         clock: Clock = _utcnow,
+        control: ControlOptions | None = None,
         **nats_options: Any,
     ) -> TaskBridge:
-        """Open a NATS connection of our own; `close()` closes it."""
+        """Open a NATS connection of our own; `close()` closes it.
+
+        `nats_url` may list a cluster's servers comma-separated, as `taskhub serve
+        --nats-url` does (passing `servers=` too would clash with it).
+        """
         _check_server_id(server_id)
-        nc = await nats.connect(nats_url, **nats_options)
+        servers = [url.strip() for url in nats_url.split(",") if url.strip()]
+        nc = await nats.connect(servers, **nats_options)
         try:
-            return await cls._start(nc, server_id, bucket, replicas, True, clock)
+            return await cls._start(nc, server_id, bucket, replicas, True, clock, control)
         except BaseException:
             await nc.close()
             raise
@@ -162,21 +185,32 @@ class TaskBridge:
         bucket: str = DEFAULT_BUCKET,
         replicas: int = 1,
         clock: Clock = _utcnow,
+        control: ControlOptions | None = None,
     ) -> TaskBridge:
         """Borrow a connection; `close()` leaves it open."""
         _check_server_id(server_id)
-        return await cls._start(nc, server_id, bucket, replicas, False, clock)
+        return await cls._start(nc, server_id, bucket, replicas, False, clock, control)
 
     @classmethod
     async def _start(
-        cls, nc: Client, server_id: str, bucket: str, replicas: int, owns: bool, clock: Clock
+        cls,
+        nc: Client,
+        server_id: str,
+        bucket: str,
+        replicas: int,
+        owns: bool,
+        clock: Clock,
+        control: ControlOptions | None,
     ) -> TaskBridge:
-        bridge = cls(nc, server_id, bucket=bucket, owns_connection=owns, clock=clock)
+        bridge = cls(
+            nc, server_id, bucket=bucket, owns_connection=owns, clock=clock, control=control
+        )
         await ensure_bucket(bridge._js, bucket, replicas)
         await ensure_control_stream(bridge._js, replicas)
         return bridge
 
     async def close(self) -> None:
+        await self._control.stop()  # before the connection goes: an in-flight ack needs it
         self._cache.clear()
         if self._owns_connection and not self._nc.is_closed:
             await self._nc.close()
@@ -191,6 +225,33 @@ class TaskBridge:
         tb: TracebackType | None,
     ) -> None:
         await self.close()
+
+    # -- forwarded requests (bridge.control) ----------------------------------------------
+
+    def on_input(self, handler: InputHandler) -> None:
+        """Receive tasks/update answers: `handler(task_id, responses)`, outstanding keys only.
+
+        Each key reaches the handler once; the bridge then marks it answered (see
+        bridge.control for the exact guarantee). Replaces an earlier handler; the first
+        handler of either kind starts consuming, so register both in one synchronous step.
+        """
+        self._control.input_handler = handler
+        self._control.start()
+
+    def on_cancel(self, handler: CancelHandler) -> None:
+        """Receive tasks/cancel: `handler(task_id)` decides whether and when to cancel.
+
+        Called for every cancel of a live task the caller owns, so a repeated cancel calls
+        it again: make it idempotent. TerminalStateError from it (the task ended
+        meanwhile) counts as done; any other exception has the cancel redelivered.
+        """
+        self._control.cancel_handler = handler
+        self._control.start()
+
+    @property
+    def control_stats(self) -> ControlStats:
+        """A snapshot of the control message counters."""
+        return dataclasses.replace(self._control.stats)
 
     # -- writes ---------------------------------------------------------------------------
 
