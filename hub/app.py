@@ -7,10 +7,10 @@ answer. Checks run in the order of the wire digest §2.5, all before any SSE byt
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator
-from urllib.parse import urlsplit
 
 from starlette.applications import Starlette
 from starlette.datastructures import Headers
@@ -20,14 +20,16 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from hub import handlers, jsonrpc
+from hub.auth import AuthError, Identity, credentials_from
 from hub.config import Config
-from hub.protocol import Notification, RequestError, parse_request
+from hub.cors import is_preflight, preflight_headers
+from hub.cors import response_headers as cors_response_headers
+from hub.protocol import Notification, Request, RequestError, parse_request
 from hub.runtime import Hub
 
 log = logging.getLogger("taskhub.http")
 
 ANONYMOUS = "anonymous"
-LOOPBACK_HOSTS = {"localhost", "127.0.0.1", "[::1]", "::1"}
 KNOWN_METHODS = {
     "server/discover",
     "tasks/get",
@@ -35,22 +37,25 @@ KNOWN_METHODS = {
     "tasks/cancel",
     "subscriptions/listen",
 }
-JSON_HEADERS = [(b"content-type", b"application/json")]
+JSON = (b"content-type", b"application/json")
+RawHeaders = list[tuple[bytes, bytes]]
 
 
-def origin_allowed(origin: str | None) -> bool:
-    """H4: browsers send Origin; only loopback pages may call a hub by default."""
-    if origin is None:
-        return True
-    parts = urlsplit(origin)
-    return parts.scheme in ("http", "https") and (parts.hostname or "") in LOOPBACK_HOSTS
+class BodyError(Exception):
+    """The body could not be read whole: too large (413) or too slow (408)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
 
 
-async def _respond(
-    send: Send, status: int, body: bytes, headers: list[tuple[bytes, bytes]]
-) -> None:
+async def _respond(send: Send, status: int, body: bytes, headers: RawHeaders) -> None:
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
+
+
+def _encode_headers(headers: dict[str, str]) -> RawHeaders:
+    return [(k.lower().encode(), v.encode("latin-1")) for k, v in headers.items()]
 
 
 class McpEndpoint:
@@ -58,65 +63,96 @@ class McpEndpoint:
 
     def __init__(self, hub: Hub) -> None:
         self.hub = hub
+        self.config = hub.config
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        metrics = self.hub.metrics
-        if scope["method"] != "POST":  # H2
-            await _respond(send, 405, b"", [(b"allow", b"POST")])
-            return
         headers = Headers(scope=scope)
-        if not origin_allowed(headers.get("origin")):
-            await _error(
-                send,
-                None,
-                jsonrpc.RpcError(jsonrpc.INVALID_REQUEST, "Origin not allowed", http_status=403),
-            )
-            metrics.requests.inc(1, "-", "forbidden")
-            return
-        body = await _read_body(receive, self.hub.config.max_body_bytes)
-        if body is None:
-            await _error(
-                send,
-                None,
-                jsonrpc.RpcError(
-                    jsonrpc.INVALID_REQUEST, "Request body too large", http_status=413
-                ),
-            )
-            metrics.requests.inc(1, "-", "too_large")
-            return
+        origin = headers.get("origin")
+        cors = _encode_headers(cors_response_headers(origin, frozenset(self.config.cors_origins)))
+        outcome, method = await self._handle(scope, receive, send, headers, origin, cors)
+        self.hub.metrics.requests.inc(1, method, outcome)
+
+    async def _handle(
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        headers: Headers,
+        origin: str | None,
+        cors: RawHeaders,
+    ) -> tuple[str, str]:
+        """Answer one request; returns (outcome, method) for the metrics."""
+        config = self.config
+        if scope["method"] != "POST":  # H2
+            if is_preflight(scope["method"], headers):
+                allowed = preflight_headers(origin, frozenset(config.cors_origins))
+                await _respond(send, 204 if allowed else 403, b"", _encode_headers(allowed))
+                return "preflight", "-"
+            await _respond(send, 405, b"", [(b"allow", b"POST"), *cors])
+            return "405", "-"
+        if origin is not None and not config.origin_allowed(origin):  # H4
+            err = jsonrpc.RpcError(jsonrpc.INVALID_REQUEST, "Origin not allowed", http_status=403)
+            await _error(send, None, err, cors)
+            return "403", "-"
+        try:
+            identity = self._authenticate(headers)
+        except AuthError as exc:  # H67
+            await _unauthorized(send, exc, cors)
+            return str(exc.status), "-"
+        try:
+            body = await _read_body(receive, config.max_body_bytes, config.body_timeout)
+        except BodyError as exc:
+            err = jsonrpc.RpcError(jsonrpc.INVALID_REQUEST, str(exc), http_status=exc.status)
+            await _error(send, None, err, cors)
+            return str(exc.status), "-"
         try:
             message = parse_request(headers, body)
         except RequestError as exc:
-            await _error(send, exc.request_id, exc.error)
-            metrics.requests.inc(1, _method_label(exc.method), str(exc.error.code))
-            return
+            await _error(send, exc.request_id, exc.error, cors)
+            return str(exc.error.code), _method_label(exc.method)
         if isinstance(message, Notification):  # H6
-            await _respond(send, 202, b"", [])
-            metrics.requests.inc(1, "notification", "accepted")
-            return
-        principal = ANONYMOUS
+            await _respond(send, 202, b"", cors)
+            return "accepted", "notification"
         try:
-            if message.method == "server/discover":
-                answer = handlers.discover(message)
-            elif message.method == "tasks/get":
-                answer = await handlers.tasks_get(self.hub, message, principal)
-            elif message.method == "tasks/update":
-                answer = await handlers.tasks_update(self.hub, message, principal)
-            elif message.method == "tasks/cancel":
-                answer = await handlers.tasks_cancel(self.hub, message, principal)
-            elif message.method == "subscriptions/listen":
-                stream = await handlers.subscriptions_listen(self.hub, message, principal)
-                metrics.requests.inc(1, message.method, "ok")
-                await stream(scope, receive, send)
-                return
-            else:
-                raise jsonrpc.method_not_found(message.method)
+            answer = await self._dispatch(message, identity, scope, receive, send)
         except jsonrpc.RpcError as err:
-            await _error(send, message.id, err)
-            metrics.requests.inc(1, message.method, str(err.code))
-            return
-        await _respond(send, 200, answer, JSON_HEADERS)
-        metrics.requests.inc(1, message.method, "ok")
+            await _error(send, message.id, err, cors)
+            return str(err.code), message.method
+        if answer is not None:
+            await _respond(send, 200, answer, [JSON, *cors])
+        return "ok", message.method
+
+    def _authenticate(self, headers: Headers) -> Identity:
+        authenticator = self.hub.authenticator
+        if authenticator is None:
+            return Identity(ANONYMOUS, None)
+        credentials = credentials_from(
+            "POST",
+            headers,
+            own_origin=self.config.own_origin,
+            allowed_origins=frozenset(self.config.cors_origins),
+        )
+        if credentials is None:
+            raise AuthError.missing()
+        return authenticator.authenticate(credentials[0])
+
+    async def _dispatch(
+        self, request: Request, identity: Identity, scope: Scope, receive: Receive, send: Send
+    ) -> bytes | None:
+        hub, principal = self.hub, identity.principal
+        if request.method == "server/discover":
+            return handlers.discover(request)
+        if request.method == "tasks/get":
+            return await handlers.tasks_get(hub, request, principal)
+        if request.method == "tasks/update":
+            return await handlers.tasks_update(hub, request, principal)
+        if request.method == "tasks/cancel":
+            return await handlers.tasks_cancel(hub, request, principal)
+        if request.method == "subscriptions/listen":
+            stream = await handlers.subscriptions_listen(hub, request, identity)
+            await stream(scope, receive, send)
+            return None
+        raise jsonrpc.method_not_found(request.method)
 
 
 def _method_label(method: str | None) -> str:
@@ -124,26 +160,40 @@ def _method_label(method: str | None) -> str:
     return method if method in KNOWN_METHODS else "-"
 
 
-async def _error(send: Send, request_id: jsonrpc.RequestId | None, err: jsonrpc.RpcError) -> None:
-    headers = [*JSON_HEADERS, *((k.encode(), v.encode()) for k, v in err.headers.items())]
+async def _error(
+    send: Send, request_id: jsonrpc.RequestId | None, err: jsonrpc.RpcError, cors: RawHeaders
+) -> None:
+    headers = [JSON, *_encode_headers(err.headers), *cors]
     await _respond(send, err.http_status, jsonrpc.encode_error(request_id, err), headers)
 
 
-async def _read_body(receive: Receive, limit: int) -> bytes | None:
-    """The whole request body, or None once it exceeds `limit` bytes."""
+async def _unauthorized(send: Send, exc: AuthError, cors: RawHeaders) -> None:
+    """401 (or 400) with the RFC 6750 challenge; the body says the same in JSON-RPC terms."""
+    message = "Unauthorized" + (f": {exc.description}" if exc.description else "")
+    err = jsonrpc.RpcError(jsonrpc.UNAUTHORIZED, message, http_status=exc.status)
+    headers = [(b"www-authenticate", exc.www_authenticate().encode()), *cors]
+    await _error(send, None, err, headers)
+
+
+async def _read_body(receive: Receive, limit: int, timeout: float) -> bytes:
+    """The whole request body, within `limit` bytes and `timeout` seconds (slowloris)."""
     chunks: list[bytes] = []
     size = 0
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            break
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > limit:
-            return None
-        chunks.append(chunk)
-        if not message.get("more_body", False):
-            break
+    try:
+        async with asyncio.timeout(timeout):
+            while True:
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    break
+                chunk = message.get("body", b"")
+                size += len(chunk)
+                if size > limit:
+                    raise BodyError(413, f"Request body larger than {limit} bytes")
+                chunks.append(chunk)
+                if not message.get("more_body", False):
+                    break
+    except TimeoutError:
+        raise BodyError(408, f"Request body not received within {timeout:g}s") from None
     return b"".join(chunks)
 
 

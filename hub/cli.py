@@ -24,6 +24,7 @@ from hub.app import create_app
 from hub.config import Config, add_serve_options, config_from_namespace
 from hub.embedded_nats import NatsServerError, NatsServerProcess
 from hub.runtime import Hub
+from hub.timeouts import guarded_protocol
 from hub.workers import run_workers
 
 log = logging.getLogger("taskhub")
@@ -69,6 +70,10 @@ def build_server(config: Config, nats_url: str) -> HubServer:
         access_log=False,
         lifespan="on",
         timeout_graceful_shutdown=int(config.shutdown_grace) + 1,
+        http=guarded_protocol(config.header_timeout),
+        timeout_keep_alive=int(config.header_timeout),
+        # Beyond the stream limit, plain requests still get room before uvicorn's 503.
+        limit_concurrency=config.max_streams + 1024,
     )
     return HubServer(uv_config, hub)
 
@@ -90,10 +95,9 @@ def configure_logging(config: Config) -> None:
 
 def serve(config: Config) -> int:
     configure_logging(config)
-    if config.is_loopback:
-        log.warning("authentication is off: every caller is principal 'anonymous'")
-    else:
-        log.warning("authentication is off on non-loopback %s (--insecure-no-auth)", config.host)
+    if not config.auth_enabled:
+        where = "" if config.is_loopback else f" on non-loopback {config.host} (--insecure-no-auth)"
+        log.warning("authentication is off%s: every caller is principal 'anonymous'", where)
     embedded: NatsServerProcess | None = None
     nats_url = config.nats_url
     if nats_url is None:

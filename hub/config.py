@@ -1,23 +1,29 @@
 """The hub's one configuration object, built from CLI flags and `TASKHUB_*` variables.
 
-Every option reads `TASKHUB_<NAME>` (upper case, `-` → `_`) as its default, so the
-same hub runs from a shell, a container or a unit file. Nothing else reads the
-environment.
+Every option `--some-name` fills the field `some_name` and reads `TASKHUB_SOME_NAME`
+as its default, so the same hub runs from a shell, a container or a unit file. Nothing
+else reads the environment.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import ipaddress
 import os
+import ssl
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from bridge.wire import DEFAULT_BUCKET
+from hub.auth import AuthSettings
+from hub.cors import normalize_origin
 
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+LOOPBACK_HOSTS = frozenset({"localhost", "127.0.0.1", "::1"})
 
 
 @dataclass(frozen=True)
@@ -30,11 +36,36 @@ class Config:
     data_dir: Path = Path(".taskhub")
     keepalive: float = 15.0
     log_level: str = "info"
-    insecure_no_auth: bool = False
-    # Hub processes sharing the port, each with its own NATS watch.
     workers: int = 1
-    # Larger request bodies get 413 before they are parsed.
+    insecure_no_auth: bool = False
+    # Authentication (DESIGN.md "Auth"); no key = open hub, principal "anonymous".
+    jwt_secret: str | None = None
+    jwt_public_key_file: Path | None = None
+    jwt_issuer: str | None = None
+    jwt_audience: str | None = None
+    jwt_leeway: float = 30.0
+    # Browsers: the hub's own origin (cookie CSRF rule) and the origins allowed to call it.
+    public_url: str | None = None
+    allowed_origins: tuple[str, ...] = ()
+    cors_origins: tuple[str, ...] = ()
+    # Limits (invariants 4 and 5).
     max_body_bytes: int = 1 << 20
+    max_task_ids: int = 1000
+    max_streams: int = 10_000
+    max_streams_per_principal: int = 100
+    poll_burst: int = 20
+    default_poll_interval: float = 1.0
+    header_timeout: float = 10.0
+    body_timeout: float = 10.0
+    # NATS credentials and TLS, for hub and embedded-less deployments.
+    nats_user: str | None = None
+    nats_password: str | None = None
+    nats_token: str | None = None
+    nats_nkey_seed: Path | None = None
+    nats_creds: Path | None = None
+    nats_tls_ca: Path | None = None
+    nats_tls_cert: Path | None = None
+    nats_tls_key: Path | None = None
     # Listen streams whose client has not read for this long are closed (dead peers).
     send_timeout: float = 30.0
     # Grace given to listen streams to say goodbye on shutdown.
@@ -51,11 +82,71 @@ class Config:
         except ValueError:
             return False
 
+    @property
+    def auth(self) -> AuthSettings:
+        return AuthSettings(
+            jwt_secret=self.jwt_secret,
+            jwt_public_key_file=self.jwt_public_key_file,
+            jwt_issuer=self.jwt_issuer,
+            jwt_audience=self.jwt_audience,
+            leeway_s=self.jwt_leeway,
+        )
+
+    @property
+    def auth_enabled(self) -> bool:
+        return self.jwt_secret is not None or self.jwt_public_key_file is not None
+
+    @property
+    def own_origin(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return normalize_origin(self.public_url or f"http://{host}:{self.port}")
+
+    def origin_allowed(self, origin: str) -> bool:
+        """H4: which pages may call the hub; by default our own and loopback pages."""
+        if origin in self.allowed_origins or origin in self.cors_origins:
+            return True
+        if origin == self.own_origin:
+            return True
+        if self.allowed_origins:
+            return False
+        parts = urlsplit(origin)
+        return parts.scheme in ("http", "https") and parts.hostname in LOOPBACK_HOSTS
+
+    def nats_options(self) -> dict[str, Any]:
+        """Keyword arguments for `nats.connect`: credentials and TLS."""
+        options: dict[str, Any] = {}
+        if self.nats_user is not None:
+            options["user"] = self.nats_user
+            options["password"] = self.nats_password
+        if self.nats_token is not None:
+            options["token"] = self.nats_token
+        if self.nats_nkey_seed is not None:
+            options["nkeys_seed"] = str(self.nats_nkey_seed)
+        if self.nats_creds is not None:
+            options["user_credentials"] = str(self.nats_creds)
+        if self.nats_tls_ca or self.nats_tls_cert:
+            context = ssl.create_default_context(
+                cafile=str(self.nats_tls_ca) if self.nats_tls_ca else None
+            )
+            if self.nats_tls_cert is not None:
+                context.load_cert_chain(
+                    str(self.nats_tls_cert), str(self.nats_tls_key) if self.nats_tls_key else None
+                )
+            options["tls"] = context
+        return options
+
 
 def _positive_int(text: str) -> int:
     value = int(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"{text} is not a positive integer")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text} is not a non-negative integer")
     return value
 
 
@@ -68,9 +159,16 @@ def _port(text: str) -> int:
 
 def _positive_float(text: str) -> float:
     value = float(text)
-    if value <= 0:
+    if not value > 0:
         raise argparse.ArgumentTypeError(f"{text} is not a positive number")
     return value
+
+
+def _origins(text: str) -> tuple[str, ...]:
+    try:
+        return tuple(normalize_origin(item) for item in text.split(",") if item.strip())
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _flag(text: str) -> bool:
@@ -82,47 +180,65 @@ def _flag(text: str) -> bool:
     raise argparse.ArgumentTypeError(f"{text} is not a boolean")
 
 
+# (flag, type, help); the default is the Config field's.
+_OPTIONS: list[tuple[str, Callable[[str], Any], str]] = [
+    ("host", str, "address to bind"),
+    ("port", _port, "port to bind"),
+    ("nats-url", str, "NATS URL(s), comma-separated; none = run an embedded nats-server"),
+    ("bucket", str, "KV bucket of task states"),
+    ("replicas", _positive_int, "replicas for the bucket and control stream when created"),
+    ("data-dir", Path, "embedded NATS store and log directory"),
+    ("keepalive", _positive_float, "seconds between SSE keep-alive comments"),
+    ("log-level", str.lower, "debug, info, warning, error or critical"),
+    ("workers", _positive_int, "hub processes sharing the port, each with its own NATS watch"),
+    ("jwt-secret", str, "HS256 secret (32+ bytes): turns on bearer auth"),
+    ("jwt-public-key-file", Path, "RS256/ES256 public key (PEM) or JWKS file: bearer auth"),
+    ("jwt-issuer", str, "required `iss` of tokens"),
+    ("jwt-audience", str, "required `aud` of tokens"),
+    ("jwt-leeway", _positive_float, "clock leeway in seconds for exp/nbf"),
+    ("public-url", str, "the hub's URL as browsers see it (cookie same-origin rule)"),
+    ("allowed-origin", _origins, "comma-separated origins allowed to call the hub"),
+    ("cors-origin", _origins, "comma-separated origins that get CORS access"),
+    ("max-body-bytes", _positive_int, "larger request bodies get 413"),
+    ("max-task-ids", _positive_int, "taskIds per subscriptions/listen"),
+    ("max-streams", _positive_int, "open listen streams in total"),
+    ("max-streams-per-principal", _positive_int, "open listen streams per caller"),
+    ("poll-burst", _non_negative_int, "tasks/get burst per caller and task (0 = no limit)"),
+    ("default-poll-interval", _positive_float, "poll pacing (s) for tasks without one"),
+    ("header-timeout", _positive_float, "seconds a client may take to send request headers"),
+    ("body-timeout", _positive_float, "seconds a client may take to send a request body"),
+    ("nats-user", str, "NATS user"),
+    ("nats-password", str, "NATS password"),
+    ("nats-token", str, "NATS token"),
+    ("nats-nkey-seed", Path, "NATS NKey seed file"),
+    ("nats-creds", Path, "NATS .creds file"),
+    ("nats-tls-ca", Path, "CA file to verify the NATS server"),
+    ("nats-tls-cert", Path, "client certificate for NATS"),
+    ("nats-tls-key", Path, "client key for NATS"),
+]
+_FIELD = {"allowed-origin": "allowed_origins", "cors-origin": "cors_origins"}
+
+
+def _field(flag: str) -> str:
+    return _FIELD.get(flag, flag.replace("-", "_"))
+
+
 def add_serve_options(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> None:
     """Declare the `serve` options; each default comes from `TASKHUB_<NAME>` if set."""
     defaults = Config()
-
-    def option(
-        name: str, help: str, type: Callable[[str], Any] = str, default: object = None
-    ) -> None:
-        env_name = "TASKHUB_" + name.upper().replace("-", "_")
+    for flag, kind, help in _OPTIONS:
+        env_name = "TASKHUB_" + flag.upper().replace("-", "_")
+        default: Any = getattr(defaults, _field(flag))
         if env_name in env:
             default = env[env_name]  # argparse applies `type` to string defaults
+        shown = "" if default in (None, ()) or "secret" in flag or "password" in flag else default
         parser.add_argument(
-            f"--{name}", type=type, default=default, help=f"{help} [env {env_name}]"
+            f"--{flag}",
+            dest=_field(flag),
+            type=kind,
+            default=default,
+            help=f"{help}{f' (default {shown})' if shown != '' else ''} [env {env_name}]",
         )
-
-    option("host", f"address to bind (default {defaults.host})", default=defaults.host)
-    option("port", f"port to bind (default {defaults.port})", _port, defaults.port)
-    option("nats-url", "NATS server URL; without it an embedded nats-server is started")
-    option(
-        "bucket", f"KV bucket of task states (default {defaults.bucket})", default=defaults.bucket
-    )
-    option(
-        "replicas",
-        "replicas for the bucket and control stream when created (default 1)",
-        _positive_int,
-        defaults.replicas,
-    )
-    option(
-        "data-dir",
-        "embedded NATS store and log directory (default ./.taskhub)",
-        Path,
-        defaults.data_dir,
-    )
-    option(
-        "keepalive",
-        "seconds between SSE keep-alive comments (default 15)",
-        _positive_float,
-        defaults.keepalive,
-    )
-    option("log-level", "log level (default info)", str.lower, defaults.log_level)
-    option("workers", "hub processes sharing the port, each with its own NATS watch (default 1)",
-           _positive_int, defaults.workers)  # fmt: skip
     env_name = "TASKHUB_INSECURE_NO_AUTH"
     parser.add_argument(
         "--insecure-no-auth",
@@ -143,23 +259,23 @@ def config_from_args(
 
 
 def config_from_namespace(ns: argparse.Namespace, parser: argparse.ArgumentParser) -> Config:
-    if ns.log_level not in LOG_LEVELS:
+    values = {
+        f.name: getattr(ns, f.name) for f in dataclasses.fields(Config) if hasattr(ns, f.name)
+    }
+    values = {k: (None if v == "" else v) for k, v in values.items()}
+    if values.get("log_level") not in LOG_LEVELS:
         parser.error(f"--log-level must be one of {', '.join(LOG_LEVELS)}")
-    config = Config(
-        host=ns.host,
-        port=ns.port,
-        nats_url=ns.nats_url or None,
-        bucket=ns.bucket,
-        replicas=ns.replicas,
-        data_dir=Path(ns.data_dir),
-        keepalive=ns.keepalive,
-        log_level=ns.log_level,
-        insecure_no_auth=ns.insecure_no_auth,
-        workers=ns.workers,
-    )
-    if not config.is_loopback and not config.insecure_no_auth:
+    config = Config(**values)
+    if config.public_url is not None:
+        try:
+            normalize_origin(config.public_url)
+        except ValueError as exc:
+            parser.error(f"--public-url: {exc}")
+    if (config.jwt_issuer or config.jwt_audience) and not config.auth_enabled:
+        parser.error("--jwt-issuer/--jwt-audience need --jwt-secret or --jwt-public-key-file")
+    if not config.is_loopback and not config.auth_enabled and not config.insecure_no_auth:
         parser.error(
-            f"refusing to bind {config.host} without authentication; "
-            "bind a loopback address or pass --insecure-no-auth"
+            f"refusing to bind {config.host} without authentication; configure --jwt-secret "
+            "or --jwt-public-key-file, bind a loopback address, or pass --insecure-no-auth"
         )
     return config

@@ -8,13 +8,16 @@ nothing about tasks it does not own (invariant 3, H46).
 from __future__ import annotations
 
 import hashlib
+import time
 
 import msgspec
 
 from bridge.wire import CancelMessage, UpdateMessage, encode
 from hub import jsonrpc
+from hub.auth import Identity
 from hub.cache import TaskSnapshot
 from hub.fanout import Subscriber
+from hub.limits import retry_after
 from hub.nats_source import StoreUnavailable
 from hub.protocol import Request
 from hub.runtime import Hub
@@ -51,10 +54,14 @@ async def find_task(hub: Hub, task_id: str, principal: str) -> TaskSnapshot | No
     """The caller's task, or None when it is unknown, expired or someone else's."""
     try:
         snapshot = await hub.source.read_through(task_id)
+        if snapshot is not None and snapshot.owner != principal:
+            # Same timing class as an unknown task, which costs a store read: a
+            # cached foreign task must not answer faster than a missing one (H46).
+            if hub.cache.get(task_id) is not None:
+                await hub.source.read_store(task_id)
+            return None
     except StoreUnavailable as exc:
         raise jsonrpc.internal_error(str(exc)) from exc
-    if snapshot is None or snapshot.owner != principal:
-        return None
     return snapshot
 
 
@@ -62,6 +69,7 @@ async def tasks_get(hub: Hub, request: Request, principal: str) -> bytes:
     """`tasks/get` (H37–H42) from the snapshot, read through to NATS on a miss."""
     assert request.task_id is not None
     snapshot = await find_task(hub, request.task_id, principal)
+    _pace_poll(hub, principal, request.task_id, snapshot)
     if snapshot is None:
         raise jsonrpc.task_not_found()
     return (
@@ -71,6 +79,25 @@ async def tasks_get(hub: Hub, request: Request, principal: str) -> bytes:
         + snapshot.body[1:]  # the task's closing brace closes the result
         + b"}"
     )
+
+
+def _pace_poll(hub: Hub, principal: str, task_id: str, snapshot: TaskSnapshot | None) -> None:
+    """429 for a caller polling one task faster than its pollIntervalMs (§4.4, §8 item 20).
+
+    Unknown and foreign tasks are paced too, at the default interval, so the answer
+    never tells them apart.
+    """
+    if hub.config.poll_burst == 0:
+        return
+    interval_ms = snapshot.poll_interval_ms if snapshot is not None else None
+    interval = None if interval_ms is None else interval_ms / 1000
+    wait = hub.polls.admit(principal, task_id, interval, time.monotonic())
+    if wait > 0:
+        hub.metrics.limited.inc(1, "poll_rate")
+        raise jsonrpc.rate_limited(
+            f"Polling faster than the task's pollIntervalMs; retry in {wait:.1f}s",
+            retry_after(wait),
+        )
 
 
 async def tasks_update(hub: Hub, request: Request, principal: str) -> bytes:
@@ -113,16 +140,31 @@ async def _forward(hub: Hub, snapshot: TaskSnapshot, data: bytes, request: Reque
         raise jsonrpc.internal_error(str(exc)) from exc
 
 
-async def subscriptions_listen(hub: Hub, request: Request, principal: str) -> ListenStream:
+async def subscriptions_listen(hub: Hub, request: Request, identity: Identity) -> ListenStream:
     """`subscriptions/listen` (H55–H65, §8 items 16–18).
 
     Follow the requested tasks *before* reading their state, so a change landing in
     between is queued rather than lost (§8 item 17); the ack then names the granted
     subset and the current states follow it.
     """
+    principal = identity.principal
     requested = list(request.task_ids or ())
+    if len(requested) > hub.config.max_task_ids:
+        hub.metrics.limited.inc(1, "task_ids")
+        raise jsonrpc.invalid_params(
+            f"Too many taskIds: at most {hub.config.max_task_ids} per subscription"
+        )
+    refusal = hub.streams.acquire(principal)
+    if refusal is not None:
+        hub.metrics.limited.inc(1, "streams")
+        raise jsonrpc.rate_limited(f"Too many open streams: {refusal}", "5")
     subscriber = Subscriber(jsonrpc.encode_id(request.id), requested)
     hub.fanout.subscribe(subscriber)
+
+    def release(subscriber: Subscriber) -> None:
+        hub.fanout.unsubscribe(subscriber)
+        hub.streams.release(principal)
+
     try:
         granted: list[str] = []
         for task_id in requested:
@@ -136,7 +178,7 @@ async def subscriptions_listen(hub: Hub, request: Request, principal: str) -> Li
             if subscriber.backlog[task_id].terminal:
                 hub.fanout.unfollow(subscriber, task_id)
     except BaseException:
-        hub.fanout.unsubscribe(subscriber)
+        release(subscriber)
         raise
     if hub.closing:
         subscriber.close()
@@ -147,5 +189,6 @@ async def subscriptions_listen(hub: Hub, request: Request, principal: str) -> Li
         keepalive=hub.config.keepalive,
         send_timeout=hub.config.send_timeout,
         metrics=hub.metrics,
-        on_close=hub.fanout.unsubscribe,
+        on_close=release,
+        ends_at=identity.expires_at,  # the stream lives no longer than its token
     )

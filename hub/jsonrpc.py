@@ -23,6 +23,10 @@ HEADER_MISMATCH = -32020
 MISSING_CAPABILITY = -32021
 UNSUPPORTED_VERSION = -32022
 
+# The hub's own codes, outside -32768..-32000 as the spec asks (§1.4, §8 item 20).
+UNAUTHORIZED = -31401
+RATE_LIMITED = -31429
+
 TASKS_EXTENSION = "io.modelcontextprotocol/tasks"
 META_SERVER_INFO_KEY = "io.modelcontextprotocol/serverInfo"
 
@@ -126,6 +130,11 @@ def unsupported_version(requested: str, supported: Sequence[str]) -> RpcError:
         {"supported": list(supported), "requested": requested},
         http_status=400,
     )
+
+
+def rate_limited(message: str, retry_after: str) -> RpcError:
+    """§8 item 20: HTTP 429 with Retry-After and an application code."""
+    return RpcError(RATE_LIMITED, message, http_status=429, headers={"Retry-After": retry_after})
 
 
 def encode_id(request_id: RequestId) -> bytes:

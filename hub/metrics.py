@@ -93,6 +93,7 @@ class Metrics:
         self.streams_closed = Counter(
             "taskhub_streams_closed_total", "listen streams ended, by reason", ("reason",)
         )
+        self.limited = Counter("taskhub_limited_total", "requests refused by a limit", ("limit",))
         self.open_streams = Gauge("taskhub_open_streams", "open subscriptions/listen streams")
         self.cached_tasks = Gauge("taskhub_cached_tasks", "tasks in the snapshot cache")
         self.ready = Gauge("taskhub_ready", "1 when NATS is connected and the cache caught up")

@@ -64,7 +64,9 @@ class NatsSource:
         *,
         replicas: int = 1,
         request_timeout: float = 2.0,
+        nats_options: dict[str, Any] | None = None,
     ) -> None:
+        self.nats_options = nats_options or {}
         self.nats_url = nats_url
         self.bucket = bucket
         self.stream = kv_stream(bucket)
@@ -95,6 +97,7 @@ class NatsSource:
             disconnected_cb=self._on_disconnected,
             reconnected_cb=self._on_reconnected,
             error_cb=self._on_error,
+            **self.nats_options,
         )
         self.js = self.nc.jetstream(timeout=self.request_timeout)
         await ensure_bucket(self.js, self.bucket, self.replicas)
@@ -192,22 +195,25 @@ class NatsSource:
         ):
             self._mark_caught_up()
 
+    async def read_store(self, task_id: str) -> Any:
+        """The key's raw last message from the stream leader, or None."""
+        try:
+            return await self.js.get_msg(
+                self.stream, subject=kv_subject(self.bucket, task_id), direct=False
+            )
+        except NotFoundError:
+            return None
+        except Exception as exc:
+            raise StoreUnavailable(f"task store unavailable: {type(exc).__name__}") from exc
+
     async def read_through(self, task_id: str) -> TaskSnapshot | None:
         """The task's current snapshot, from the cache or else from the KV leader."""
         snapshot = self.cache.get(task_id)
         if snapshot is not None or not is_task_id(task_id):
             return snapshot
-        try:
-            raw = await self.js.get_msg(
-                self.stream, subject=kv_subject(self.bucket, task_id), direct=False
-            )
-        except NotFoundError:
-            self.metrics.read_through.inc(1, "false")
-            return None
-        except Exception as exc:
-            raise StoreUnavailable(f"task store unavailable: {type(exc).__name__}") from exc
-        self.metrics.read_through.inc(1, "true")
-        if raw.seq is None:
+        raw = await self.read_store(task_id)
+        self.metrics.read_through.inc(1, "false" if raw is None else "true")
+        if raw is None or raw.seq is None:
             return None
         if _is_removal(raw.headers):
             self.cache.apply_delete(task_id, raw.seq)

@@ -10,9 +10,11 @@ import asyncio
 import contextlib
 import logging
 
+from hub.auth import Authenticator
 from hub.cache import Rejected, TaskCache
 from hub.config import Config
 from hub.fanout import Fanout
+from hub.limits import PollLimiter, StreamLimiter
 from hub.metrics import Metrics
 from hub.nats_source import NatsSource
 
@@ -30,9 +32,21 @@ class Hub:
             on_reject=self._count_rejection,
         )
         self.source = NatsSource(
-            nats_url, config.bucket, self.cache, self.metrics, replicas=config.replicas
+            nats_url,
+            config.bucket,
+            self.cache,
+            self.metrics,
+            replicas=config.replicas,
+            nats_options=config.nats_options(),
         )
         self.metrics.cached_tasks.track(lambda: len(self.cache))
+        self.authenticator = Authenticator.from_settings(config.auth)
+        self.polls = PollLimiter(config.poll_burst, config.default_poll_interval)
+        # Without auth every caller is "anonymous": only the total limit means anything.
+        per_principal = (
+            config.max_streams_per_principal if config.auth_enabled else config.max_streams
+        )
+        self.streams = StreamLimiter(config.max_streams, per_principal)
         self.closing = False
         self._sweeper: asyncio.Task[None] | None = None
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 
 import msgspec
@@ -90,7 +91,9 @@ class ListenStream:
         send_timeout: float,
         metrics: Metrics,
         on_close: Callable[[Subscriber], None],
+        ends_at: float | None = None,
     ) -> None:
+        self.ends_at = ends_at  # epoch seconds: the caller's token expires
         self.subscriber = subscriber
         self.first_frame = first_frame
         self.keepalive = keepalive
@@ -114,12 +117,13 @@ class ListenStream:
                     await self._write(send, b"".join(task_frame(prefix, s) for s in batch))
                     self.metrics.notifications_sent.inc(len(batch))
                     continue
-                if subscriber.closing:
-                    reason = "shutdown"
+                if subscriber.closing or self._expired():
+                    reason = "shutdown" if subscriber.closing else "token_expired"
                     await self._write(send, completion_frame(subscriber.subscription_id))
                     await self._send(send, {"type": "http.response.body", "body": b""})
                     break
-                if not await subscriber.wait(self.keepalive):
+                woken = await subscriber.wait(self._next_wake())
+                if not woken and not self._expired():
                     await self._write(send, KEEPALIVE_FRAME)  # H20
         except TimeoutError:
             reason = "send_timeout"  # a client that stopped reading: free its slot
@@ -129,6 +133,14 @@ class ListenStream:
             watcher.cancel()
             self.on_close(subscriber)
             self.metrics.streams_closed.inc(1, reason)
+
+    def _expired(self) -> bool:
+        return self.ends_at is not None and time.time() >= self.ends_at
+
+    def _next_wake(self) -> float:
+        if self.ends_at is None:
+            return self.keepalive
+        return max(0.0, min(self.keepalive, self.ends_at - time.time()))
 
     async def _write(self, send: Send, data: bytes) -> None:
         await self._send(send, {"type": "http.response.body", "body": data, "more_body": True})

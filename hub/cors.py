@@ -1,0 +1,85 @@
+"""CORS for browser pages on allow-listed origins; every other origin gets no CORS headers.
+
+Requests carry credentials (a bearer header or the token cookie), so the Fetch standard
+forbids `*`: the allowed origin is echoed back, and `Vary: Origin` keeps caches from serving
+one origin's answer to another. Header names are lower case, ready for ASGI.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Set
+from urllib.parse import urlsplit
+
+ALLOW_METHODS = "POST"
+ALLOW_HEADERS = "Authorization, Content-Type, MCP-Protocol-Version, Mcp-Method, Mcp-Name, Accept"
+# Beyond the CORS-safelisted ones, what a page may read: the 401 challenge and 429 back-off.
+EXPOSE_HEADERS = "WWW-Authenticate, Retry-After"
+MAX_AGE_S = 600
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+def normalize_origin(text: str) -> str:
+    """A configured origin as browsers serialize `Origin`: `scheme://host[:port]`, lower case,
+    default port dropped, so an allow-list entry compares equal to the header with `==`."""
+    parts = urlsplit(text.strip())
+    try:
+        port = parts.port
+    except ValueError:
+        port = -1
+    host = parts.hostname
+    if (
+        not text.isascii()  # browsers send IDNs as punycode
+        or parts.scheme not in _DEFAULT_PORTS
+        or not host
+        or port == -1
+        or parts.path not in ("", "/")
+        or parts.query
+        or parts.fragment
+        or "@" in parts.netloc
+    ):
+        raise ValueError(f"{text!r} is not an http(s) origin like https://dash.example.com")
+    if ":" in host:
+        host = f"[{host}]"  # IPv6 literal
+    if port is not None and port != _DEFAULT_PORTS[parts.scheme]:
+        host = f"{host}:{port}"
+    return f"{parts.scheme}://{host}"
+
+
+def is_preflight(method: str, headers: Mapping[str, str]) -> bool:
+    """A CORS preflight, as opposed to a plain OPTIONS request (lower-case header names)."""
+    return (
+        method == "OPTIONS" and "origin" in headers and "access-control-request-method" in headers
+    )
+
+
+def preflight_headers(
+    origin: str | None, allowed_origins: Set[str], *, max_age_s: int = MAX_AGE_S
+) -> dict[str, str]:
+    """Headers answering a preflight from `origin`; empty when the origin is not allowed."""
+    if not _allowed(origin, allowed_origins):
+        return {}
+    return {
+        "access-control-allow-origin": str(origin),
+        "access-control-allow-methods": ALLOW_METHODS,
+        "access-control-allow-headers": ALLOW_HEADERS,
+        "access-control-allow-credentials": "true",
+        "access-control-max-age": str(max_age_s),
+        "vary": "Origin",
+    }
+
+
+def response_headers(origin: str | None, allowed_origins: Set[str]) -> dict[str, str]:
+    """Headers for the actual response to `origin`; empty when the origin is not allowed."""
+    if not _allowed(origin, allowed_origins):
+        return {}
+    return {
+        "access-control-allow-origin": str(origin),
+        "access-control-allow-credentials": "true",
+        "access-control-expose-headers": EXPOSE_HEADERS,
+        "vary": "Origin",
+    }
+
+
+def _allowed(origin: str | None, allowed_origins: Set[str]) -> bool:
+    # "null" (sandboxed frames, file: pages) is shared by every such page: never trust it.
+    return origin is not None and origin != "null" and origin in allowed_origins
