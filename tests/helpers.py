@@ -13,6 +13,7 @@ from typing import Any
 
 import httpx
 import uvicorn
+from starlette.types import ASGIApp
 
 from hub.config import Config
 from hub.runtime import Hub
@@ -119,6 +120,32 @@ class SseStream:
 
 
 @dataclass
+class Served:
+    """An ASGI app served by uvicorn on 127.0.0.1 in this event loop."""
+
+    server: uvicorn.Server
+    task: asyncio.Task[None]
+    url: str  # http://127.0.0.1:<port>/mcp
+
+    async def stop(self) -> None:
+        self.server.should_exit = True
+        await self.task
+
+
+async def serve_app(app: ASGIApp) -> Served:
+    server = uvicorn.Server(
+        uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on")
+    )
+    task = asyncio.create_task(server.serve())
+    await eventually(lambda: server.started or task.done(), timeout=15)
+    if task.done():
+        await task
+        raise RuntimeError("server did not start")
+    port = server.servers[0].sockets[0].getsockname()[1]
+    return Served(server, task, f"http://127.0.0.1:{port}/mcp")
+
+
+@dataclass
 class HubHarness:
     """A hub served by uvicorn on 127.0.0.1 in this event loop, with a client."""
 
@@ -161,17 +188,8 @@ async def start_hub(nats_url: str, bucket: str, data_dir: Path, **overrides: Any
 
     config = Config(port=0, bucket=bucket, nats_url=nats_url, data_dir=data_dir, **overrides)
     hub = Hub(config, nats_url)
-    app = create_app(config, nats_url, hub)
-    server = uvicorn.Server(
-        uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on")
-    )
-    task = asyncio.create_task(server.serve())
-    await eventually(lambda: server.started or task.done(), timeout=15)
-    if task.done():
-        await task
-        raise RuntimeError("hub did not start")
-    port = server.servers[0].sockets[0].getsockname()[1]
-    url = f"http://127.0.0.1:{port}"
+    served = await serve_app(create_app(config, nats_url, hub))
+    server, task, url = served.server, served.task, served.url.removesuffix("/mcp")
     client = httpx.AsyncClient(
         timeout=httpx.Timeout(10.0), limits=httpx.Limits(max_connections=None)
     )

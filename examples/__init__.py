@@ -1,0 +1,1 @@
+"""Runnable examples; run them as modules from the repository root (`python -m examples...`)."""
