@@ -169,6 +169,8 @@ class TaskBridge:
         """
         _check_server_id(server_id)
         servers = [url.strip() for url in nats_url.split(",") if url.strip()]
+        # Replies to this server's requests on subjects only it may read (deploy/nats).
+        nats_options.setdefault("inbox_prefix", f"_INBOX_{server_id}")
         nc = await nats.connect(servers, **nats_options)
         try:
             return await cls._start(nc, server_id, bucket, replicas, True, clock, control)
