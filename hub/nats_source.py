@@ -39,6 +39,8 @@ _MARKER_REASONS = {"MaxAge", "Purge", "Remove"}
 
 # The server deletes a watch consumer this long after its hub went away.
 INACTIVE_CONSUMER_S = 10.0
+# How often a ready hub checks that its watch consumer still delivers.
+WATCH_CHECK_S = 1.0
 
 
 class StoreUnavailable(RuntimeError):
@@ -83,6 +85,8 @@ class NatsSource:
         self._catch_up_task: asyncio.Task[None] | None = None
         self._closing = False
         self._rewatch_task: asyncio.Task[None] | None = None
+        self._check_task: asyncio.Task[None] | None = None
+        self._cleanups: set[asyncio.Task[None]] = set()
 
     @property
     def ready(self) -> bool:
@@ -103,6 +107,35 @@ class NatsSource:
         await ensure_bucket(self.js, self.bucket, self.replicas)
         await ensure_control_stream(self.js, self.replicas)
         await self._watch()
+        self._check_task = asyncio.create_task(self._check_watch())
+
+    async def _check_watch(self) -> None:
+        """Re-make a watch that stopped delivering while the connection lived.
+
+        The watch consumer lives on one NATS node, not necessarily the one we are
+        connected to: if that node dies, nothing disconnects and nothing arrives. Ready
+        means caught up, so a consumer that cannot be asked, or that has messages
+        pending but delivers none for two checks running, is replaced, not trusted.
+        """
+        misses, last_delivered = 0, -1
+        while not self._closing:
+            await asyncio.sleep(WATCH_CHECK_S)
+            sub = self._sub
+            if not self.ready or sub is None:
+                misses, last_delivered = 0, -1
+                continue
+            try:
+                info = await sub.consumer_info()
+            except Exception:
+                misses += 1
+            else:
+                delivered = info.delivered.stream_seq
+                stuck = info.num_pending > 0 and delivered == last_delivered
+                misses, last_delivered = (misses + 1 if stuck else 0), delivered
+            if misses >= 2:
+                log.warning("bucket watch stopped delivering; re-watching")
+                misses, last_delivered = 0, -1
+                self._restart_watch()
 
     async def wait_caught_up(self, timeout: float | None = None) -> None:
         async with asyncio.timeout(timeout):
@@ -154,7 +187,7 @@ class NatsSource:
                 self._catch_up_task.cancel()
             try:
                 if old is not None:
-                    await _discard(old, self.js, self.stream)
+                    await self._discard(old)
                 await self._watch()
                 self.metrics.rewatches.inc()
                 return
@@ -235,7 +268,7 @@ class NatsSource:
 
     async def close(self) -> None:
         self._closing = True
-        for task in (self._catch_up_task, self._rewatch_task):
+        for task in (self._catch_up_task, self._rewatch_task, self._check_task):
             if task is not None:
                 task.cancel()
         if self.nc is not None and not self.nc.is_closed:
@@ -245,6 +278,20 @@ class NatsSource:
                 log.warning("NATS drain failed: %s", exc)
         self.metrics.ready.set(0)
 
+    async def _discard(self, sub: Any) -> None:
+        """Unsubscribe a watch now; delete its consumer in the background, since its node
+        may be dead and a re-watch must not wait for that request to time out."""
+        with contextlib.suppress(Exception):
+            await sub.unsubscribe()
+        task = asyncio.create_task(self._delete_consumer(sub))
+        self._cleanups.add(task)
+        task.add_done_callback(self._cleanups.discard)
+
+    async def _delete_consumer(self, sub: Any) -> None:
+        with contextlib.suppress(Exception):
+            name = (await sub.consumer_info()).name
+            await self.js.delete_consumer(self.stream, name)
+
     async def _on_disconnected(self) -> None:
         if not self._closing:
             log.warning("NATS disconnected")
@@ -252,7 +299,10 @@ class NatsSource:
 
     async def _on_reconnected(self) -> None:
         log.info("NATS reconnected")
-        # Not ready until the cache has caught up with what changed while we were away.
+        self._restart_watch()
+
+    def _restart_watch(self) -> None:
+        """Not ready until the cache has caught up with what changed meanwhile."""
         self._caught_up.clear()
         self.metrics.ready.set(0)
         if self._rewatch_task is None or self._rewatch_task.done():
@@ -260,15 +310,3 @@ class NatsSource:
 
     async def _on_error(self, exc: Exception) -> None:
         log.warning("NATS error: %s", exc)
-
-
-async def _discard(sub: Any, js: Any, stream: str) -> None:
-    """Unsubscribe a watch and delete its consumer, so reconnect storms leave none behind."""
-    name = None
-    with contextlib.suppress(Exception):
-        name = (await sub.consumer_info()).name
-    with contextlib.suppress(Exception):
-        await sub.unsubscribe()
-    if name is not None:
-        with contextlib.suppress(Exception):
-            await js.delete_consumer(stream, name)

@@ -1,0 +1,266 @@
+"""Real processes for fault tests: a 3-node NATS JetStream cluster and `taskhub serve` hubs.
+
+Every node keeps its store, client port and cluster port across restarts, so a test can
+`kill -9` or stop any node (or all of them) and start it again as the same cluster member.
+Only the processes started here are ever signalled, by PID.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import IO
+
+import httpx
+import nats
+from nats.js import api
+
+from hub.embedded_nats import NatsServerProcess
+from tests.helpers import eventually
+
+CLUSTER_NAME = "taskhub-faults"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class ClusterNode(NatsServerProcess):
+    """One cluster member: `NatsServerProcess` plus its name, cluster port and routes."""
+
+    def __init__(self, data_dir: Path, name: str, cluster_port: int, routes: list[int]) -> None:
+        self.monitor_port = free_port()
+        super().__init__(
+            data_dir,
+            extra_args=[
+                "-m",
+                str(self.monitor_port),
+                "--server_name",
+                name,
+                "--cluster_name",
+                CLUSTER_NAME,
+                "--cluster",
+                f"nats://127.0.0.1:{cluster_port}",
+                "--routes",
+                ",".join(f"nats://127.0.0.1:{port}" for port in routes),
+            ],
+        )
+        self.name = name
+        self.cluster_port = cluster_port
+
+    @property
+    def running(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    @property
+    def monitor_url(self) -> str:
+        return f"http://127.0.0.1:{self.monitor_port}"
+
+    async def subscribed_subjects(self) -> set[str]:
+        """Every subject some client connected to this node subscribes to (`/connz`)."""
+        async with httpx.AsyncClient(timeout=2.0) as client:
+            connz = (await client.get(self.monitor_url + "/connz?subs=1&limit=1024")).json()
+        return {
+            subject
+            for conn in connz.get("connections") or []
+            for subject in conn.get("subscriptions_list") or []
+        }
+
+
+class NatsCluster:
+    """Three (by default) JetStream nodes on loopback, routed to each other."""
+
+    def __init__(self, root: Path, size: int = 3) -> None:
+        cluster_ports = [free_port() for _ in range(size)]
+        self.nodes = [
+            ClusterNode(
+                root / f"n{i}",
+                f"n{i}",
+                cluster_ports[i],
+                [port for j, port in enumerate(cluster_ports) if j != i],
+            )
+            for i in range(size)
+        ]
+
+    @property
+    def urls(self) -> list[str]:
+        return [node.url for node in self.nodes]
+
+    @property
+    def url(self) -> str:
+        """All client URLs, comma-separated (`taskhub serve --nats-url`, the bridge)."""
+        return ",".join(self.urls)
+
+    def node(self, name: str) -> ClusterNode:
+        return next(node for node in self.nodes if node.name == name)
+
+    def start(self) -> None:
+        # Started from the loop's own thread on purpose: the nodes get PDEATHSIG, which
+        # Linux ties to the thread that forked them, not to the process.
+        for node in self.nodes:
+            if not node.running:
+                node.start()
+
+    def kill(self) -> None:
+        for node in self.nodes:
+            node.kill()
+
+    def stop(self) -> None:
+        for node in self.nodes:
+            node.stop()
+
+    async def wait_ready(self, timeout: float = 30.0) -> None:
+        """Until JetStream has a meta leader and every running node can hold a replica."""
+        replicas = sum(node.running for node in self.nodes)
+        nc = await nats.connect(
+            servers=[node.url for node in self.nodes if node.running],
+            max_reconnect_attempts=-1,
+            reconnect_time_wait=0.1,
+        )
+        probe = f"PROBE_{os.getpid()}_{time.monotonic_ns()}"
+        try:
+            js = nc.jetstream(timeout=1.0)
+
+            async def placed() -> bool:
+                try:
+                    await js.account_info()
+                    config = api.StreamConfig(
+                        name=probe,
+                        subjects=[f"probe.{probe}"],
+                        storage=api.StorageType.MEMORY,
+                        num_replicas=replicas,
+                    )
+                    await js.add_stream(config)
+                except Exception:  # no meta leader yet, or too few peers known
+                    return False
+                return True
+
+            await eventually(placed, timeout=timeout, interval=0.1)
+            with contextlib.suppress(Exception):
+                await js.delete_stream(probe)
+        finally:
+            await nc.close()
+
+    async def stream_leader(self, stream: str) -> ClusterNode:
+        nc = await nats.connect(servers=self.urls)
+        try:
+            info = await nc.jetstream(timeout=2.0).stream_info(stream)
+        finally:
+            await nc.close()
+        assert info.cluster is not None and info.cluster.leader is not None, info
+        return self.node(info.cluster.leader)
+
+    async def push_consumers(self, stream: str) -> list[tuple[ClusterNode, ClusterNode]]:
+        """Per push consumer of `stream`: (node hosting it, node its subscriber is on)."""
+        nc = await nats.connect(servers=self.urls)
+        try:
+            consumers = await nc.jetstream(timeout=2.0).consumers_info(stream)
+        finally:
+            await nc.close()
+        subjects = {node.name: await node.subscribed_subjects() for node in self.nodes}
+        placements = []
+        for consumer in consumers:
+            deliver = consumer.config.deliver_subject
+            if consumer.cluster is None or consumer.cluster.leader is None or deliver is None:
+                continue
+            reader = next((name for name, subs in subjects.items() if deliver in subs), None)
+            if reader is not None:  # else a consumer left behind by a gone connection
+                placements.append((self.node(consumer.cluster.leader), self.node(reader)))
+        return placements
+
+
+def taskhub_command() -> list[str]:
+    script = shutil.which("taskhub")
+    return [script] if script else [sys.executable, "-m", "hub.cli"]
+
+
+class HubProcess:
+    """`taskhub serve` as a real child process; its output goes to `data_dir/hub.log`."""
+
+    def __init__(
+        self,
+        data_dir: Path,
+        nats_url: str,
+        bucket: str,
+        *args: str,
+        env: Mapping[str, str] | None = None,
+    ) -> None:
+        self.data_dir = data_dir
+        self.env = {**os.environ, **(env or {})}
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.args = [
+            "serve",
+            *("--port", str(self.port), "--nats-url", nats_url, "--bucket", bucket),
+            *("--data-dir", str(data_dir), *args),
+        ]
+        self.process: subprocess.Popen[bytes] | None = None
+        self._log: IO[bytes] | None = None
+
+    @property
+    def log_file(self) -> Path:
+        return self.data_dir / "hub.log"
+
+    def start(self) -> None:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self._log = self.log_file.open("ab")
+        self.process = subprocess.Popen(
+            [*taskhub_command(), *self.args],
+            stdin=subprocess.DEVNULL,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            env=self.env,
+        )
+
+    async def ready(self, client: httpx.AsyncClient) -> bool:
+        try:
+            return (await client.get(self.url + "/readyz", timeout=2.0)).status_code == 200
+        except httpx.TransportError:
+            return False
+
+    async def wait_ready(self, client: httpx.AsyncClient, timeout: float = 20.0) -> None:
+        async def up() -> bool:
+            if self.process is None or self.process.poll() is not None:
+                raise AssertionError(f"hub exited; see {self.log_file}")
+            return await self.ready(client)
+
+        await eventually(up, timeout=timeout, interval=0.05)
+
+    def kill(self) -> None:
+        """`kill -9`, as a crash would."""
+        if self.process is not None and self.process.poll() is None:
+            os.kill(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        process = self.process
+        if process is not None and process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+
+async def wait_all_ready(
+    hubs: list[HubProcess], client: httpx.AsyncClient, timeout: float = 30.0
+) -> None:
+    async def all_ready() -> bool:
+        return all(await asyncio.gather(*(hub.ready(client) for hub in hubs)))
+
+    await eventually(all_ready, timeout=timeout, interval=0.05)
