@@ -78,3 +78,12 @@ def test_non_loopback_without_auth_needs_an_explicit_flag(
     config = config_from_args(["--host", "0.0.0.0", "--insecure-no-auth"], env={})
     assert config.insecure_no_auth and not config.is_loopback
     assert config_from_args(["--host", "0.0.0.0"], env={"TASKHUB_INSECURE_NO_AUTH": "1"})
+
+
+def test_the_readme_documents_every_option() -> None:
+    from hub.config import _OPTIONS
+
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    for flag, _, help in _OPTIONS:
+        env = "TASKHUB_" + flag.upper().replace("-", "_")
+        assert f"| `--{flag}` | `{env}` |" in readme and help in readme, flag
