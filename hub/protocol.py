@@ -136,6 +136,13 @@ def _read_envelope(body: bytes) -> _Call | Notification:
 
 def _validate(headers: Mapping[str, str], call: _Call) -> Request:
     """Steps 6–14; raises RpcError."""
+    if call.method == "initialize":
+        # H76: a pre-2026 client; name the versions we speak so it can tell why.
+        params = call.params if isinstance(call.params, dict) else {}
+        requested = params.get("protocolVersion")
+        raise jsonrpc.unsupported_version(
+            requested if isinstance(requested, str) else "", SUPPORTED_VERSIONS
+        )
     header_version = headers.get(_VERSION_HEADER)
     if header_version is None:  # H8: this hub serves no pre-2025-06-18 clients
         raise jsonrpc.header_mismatch("required header MCP-Protocol-Version is missing")

@@ -314,12 +314,21 @@ def test_errors(c: Case) -> None:
     assert reply["error"]["code"] == c.code
 
 
-@pytest.mark.parametrize("method", ["tasks/result", "tasks/list", "tools/call", "initialize"])
+@pytest.mark.parametrize("method", ["tasks/result", "tasks/list", "tools/call"])
 def test_unknown_methods_are_404(method: str) -> None:  # H17, H18
     exc = raises(headers(method), encode(message(method, request_id="u")))
     assert (exc.error.code, exc.error.http_status, exc.request_id) == (-32601, 404, "u")
     assert method in exc.error.message
     assert exc.method == method
+
+
+@pytest.mark.parametrize("sent_headers", [{}, {"mcp-protocol-version": "2025-11-25"}])
+def test_initialize_names_the_supported_versions(sent_headers: dict[str, str]) -> None:  # H76
+    body = {"jsonrpc": "2.0", "id": 1, "method": "initialize",
+            "params": {"protocolVersion": "2025-11-25"}}  # fmt: skip
+    exc = raises(sent_headers, encode(body))
+    assert (exc.error.code, exc.error.http_status) == (-32022, 400)
+    assert exc.error.data == {"supported": ["2026-07-28"], "requested": "2025-11-25"}
 
 
 @pytest.mark.parametrize("method", TASK_METHODS)

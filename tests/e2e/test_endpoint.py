@@ -114,6 +114,26 @@ async def test_unsupported_version_lists_what_is_supported(hub: HubHarness) -> N
     }
 
 
+async def test_legacy_initialize_is_told_the_supported_versions(hub: HubHarness) -> None:
+    body = {
+        "jsonrpc": "2.0",
+        "id": 0,
+        "method": "initialize",
+        "params": {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {}},
+    }
+    response = await hub.client.post(hub.url + "/mcp", json=body)  # no 2026 headers at all
+    assert response.status_code == 400
+    assert response.json() == {
+        "jsonrpc": "2.0",
+        "id": 0,
+        "error": {
+            "code": -32022,
+            "message": "Unsupported protocol version",
+            "data": {"supported": ["2026-07-28"], "requested": "2025-11-25"},
+        },
+    }
+
+
 @pytest.mark.parametrize("method", ["GET", "DELETE", "PUT"])
 async def test_non_post_is_405(hub: HubHarness, method: str) -> None:
     response = await hub.client.request(method, hub.url + "/mcp")
