@@ -17,7 +17,7 @@ from starlette.datastructures import Headers
 from starlette.requests import Request as HttpRequest
 from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
-from starlette.types import Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
 from hub import handlers, jsonrpc
 from hub.auth import AuthError, Identity, credentials_from
@@ -103,7 +103,10 @@ class McpEndpoint:
             body = await _read_body(receive, config.max_body_bytes, config.body_timeout)
         except BodyError as exc:
             err = jsonrpc.RpcError(jsonrpc.INVALID_REQUEST, str(exc), http_status=exc.status)
-            await _error(send, None, err, cors)
+            # 408: hang up (RFC 9110 §15.5.9), or the slow client keeps the connection by
+            # trickling on. Not 413: a client still sending would get a reset, not the answer.
+            close = [(b"connection", b"close")] if exc.status == 408 else []
+            await _error(send, None, err, [*close, *cors])
             return str(exc.status), "-"
         try:
             message = parse_request(headers, body)
@@ -114,7 +117,8 @@ class McpEndpoint:
             await _respond(send, 202, b"", cors)
             return "accepted", "notification"
         try:
-            answer = await self._dispatch(message, identity, scope, receive, send)
+            # A listen stream answers on `send` itself: its response needs the CORS headers too.
+            answer = await self._dispatch(message, identity, scope, receive, _adding(send, cors))
         except jsonrpc.RpcError as err:
             await _error(send, message.id, err, cors)
             return str(err.code), message.method
@@ -153,6 +157,19 @@ class McpEndpoint:
             await stream(scope, receive, send)
             return None
         raise jsonrpc.method_not_found(request.method)
+
+
+def _adding(send: Send, headers: RawHeaders) -> Send:
+    """`send`, with `headers` added to the response start."""
+    if not headers:
+        return send
+
+    async def send_with_headers(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            message = {**message, "headers": [*message.get("headers", ()), *headers]}
+        await send(message)
+
+    return send_with_headers
 
 
 def _method_label(method: str | None) -> str:

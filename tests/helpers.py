@@ -228,3 +228,38 @@ def envelope(
         task.setdefault("error", {"code": -32603, "message": "boom"})
     task.update(task_fields)
     return json.dumps({"owner": owner, "server": server, "task": task}).encode()
+
+
+async def start_served_hub(
+    nats_url: str, bucket: str, data_dir: Path, **overrides: Any
+) -> HubHarness:
+    """A hub run exactly as `taskhub serve` runs one (`hub.cli.build_server`: the header
+    deadline protocol, uvicorn's keep-alive and concurrency limits), on a free loopback
+    port in this event loop. `start_hub` serves the bare app with uvicorn's defaults."""
+    from hub.cli import build_server  # late: unit tests import these helpers too
+
+    overrides.setdefault("log_level", "warning")
+    config = Config(port=0, bucket=bucket, nats_url=nats_url, data_dir=data_dir, **overrides)
+    server = build_server(config, nats_url)
+    task = asyncio.create_task(server.serve())
+    await eventually(lambda: server.started or task.done(), timeout=15)
+    if task.done():
+        await task
+        raise RuntimeError("server did not start")
+    port = server.servers[0].sockets[0].getsockname()[1]
+    client = httpx.AsyncClient(
+        timeout=httpx.Timeout(10.0), limits=httpx.Limits(max_connections=None)
+    )
+    return HubHarness(server.hub, server, task, f"http://127.0.0.1:{port}", client)
+
+
+def mint_token(secret: str, sub: str | None = "alice", *, ttl: float = 300.0, **claims: Any) -> str:
+    """An HS256 JWT for `sub` (None leaves it out), valid for `ttl` seconds; `claims` add to
+    or override the registered ones (a claim given as None is left out)."""
+    from joserfc import jwt  # late: only the auth tests need it
+    from joserfc.jwk import OctKey
+
+    now = time.time()
+    body: dict[str, Any] = {"sub": sub, "iat": int(now), "exp": now + ttl, **claims}
+    body = {name: value for name, value in body.items() if value is not None}
+    return jwt.encode({"alg": "HS256"}, body, OctKey.import_key(secret.encode()), ["HS256"])

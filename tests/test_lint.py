@@ -14,8 +14,8 @@ ROOT = Path(__file__).resolve().parent.parent
 @pytest.mark.parametrize(
     "command",
     [
-        [sys.executable, "-m", "ruff", "check", "hub", "bridge", "tests", "examples"],
-        [sys.executable, "-m", "ruff", "format", "--check", "hub", "bridge", "tests", "examples"],
+        [sys.executable, "-m", "ruff", "check", "hub", "bridge", "tests", "examples", "bench"],
+        [sys.executable, "-m", "ruff", "format", "--check", "hub", "bridge", "tests", "examples", "bench"],
         [sys.executable, "-m", "mypy"],
     ],
     ids=["ruff-check", "ruff-format", "mypy-strict"],

@@ -1,0 +1,260 @@
+"""One bench run's world: a temp dir, a nats-server, and every process it starts.
+
+Everything lives under one temporary directory (NATS store, hub data dirs, one log file
+per child) that is removed at the end; every child is stopped by its own PID, servers
+and workers alike, even when a scenario fails. Servers are real processes on loopback
+ports: `taskhub serve` (as `python -m hub.cli serve`, which is what the console script
+runs), the raw ceiling and the origin baseline; load generators and writers are
+separate processes again, so no two parts of a measurement share a core by design.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import os
+import shutil
+import socket
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Self
+
+import nats
+from nats.aio.client import Client
+
+from bench import profile, protocol
+from bench.control import Worker
+from bench.processes import Child
+from bridge.jetstream import ensure_bucket, ensure_control_stream
+from hub.embedded_nats import NatsServerProcess
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+Log = Callable[[str], None]
+
+
+class HarnessError(RuntimeError):
+    """A process the bench needs did not start or did not become ready."""
+
+
+def free_port() -> int:
+    """A currently free loopback port (the race with other processes is harmless here)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+async def http_get(port: int, path: str, timeout: float = 5.0) -> tuple[int, bytes]:
+    """One GET on a fresh connection; (status, body)."""
+    async with asyncio.timeout(timeout):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        try:
+            writer.write(protocol.get(port, path))
+            responses = protocol.ResponseReader()
+            while True:
+                data = await reader.read(65536)
+                if not data:
+                    raise ConnectionError("closed before a response")
+                answers = responses.feed(data)
+                if answers:
+                    return answers[0]
+        finally:
+            writer.close()
+
+
+@dataclass
+class Server:
+    """A server under test: its process, port, and when it started and became ready."""
+
+    name: str
+    child: Child
+    port: int
+    spawned_at: float
+    listening_at: float = 0.0  # first HTTP answer of any status
+    ready_at: float = 0.0  # first /readyz 200
+
+
+class Harness:
+    def __init__(self, log: Log, profile_dir: Path | None = None) -> None:
+        self.log = log
+        self.profile_dir = profile_dir
+        self._profiled: set[str] = set()
+        self.root = Path(tempfile.mkdtemp(prefix="taskhub-bench-"))
+        self.nats = NatsServerProcess(self.root / "nats")
+        self.nats_url = ""
+        self.nc: Client | None = None
+        self.servers: list[Server] = []
+        self.workers: list[Worker] = []
+        self._count = 0
+        self.env = dict(os.environ)
+        self.env["PYTHONPATH"] = os.pathsep.join(
+            [str(REPO_ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]
+        )
+        self.env.pop("TASKHUB_NATS_URL", None)  # children get explicit options only
+
+    async def __aenter__(self) -> Self:
+        self.nats_url = await asyncio.to_thread(self.nats.start)
+        self.nc = await nats.connect(self.nats_url)
+        self.log(f"nats-server at {self.nats_url}, work dir {self.root}")
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        try:
+            for worker in self.workers:
+                await worker.close()
+            for server in self.servers:
+                await server.child.stop()
+            if self.nc is not None and not self.nc.is_closed:
+                await self.nc.close()
+        finally:
+            await asyncio.to_thread(self.nats.stop)
+            shutil.rmtree(self.root, ignore_errors=True)
+
+    def _log_file(self, name: str) -> Path:
+        self._count += 1
+        return self.root / f"{self._count:03d}-{name}.log"
+
+    async def bucket(self, name: str) -> str:
+        """Create a bucket (and the control stream) as the hub and bridge would."""
+        assert self.nc is not None
+        js = self.nc.jetstream(timeout=10)
+        await ensure_bucket(js, name)
+        await ensure_control_stream(js)
+        return name
+
+    # -- servers under test -------------------------------------------------------------
+
+    async def start_hub(self, bucket: str, *, max_streams: int, wait: bool = True) -> Server:
+        def args(port: int) -> list[str]:
+            return [
+                "-m", "hub.cli", "serve",
+                "--nats-url", self.nats_url,
+                "--bucket", bucket,
+                "--port", str(port),
+                "--data-dir", str(self.root / f"hub-{port}"),
+                "--max-streams", str(max_streams),
+                "--poll-burst", "0",  # poll pacing off: the bench polls one task many times
+                "--log-level", "warning",
+            ]  # fmt: skip
+
+        return await self._start_server("hub", args, wait)
+
+    async def start_raw(self, bucket: str) -> Server:
+        def args(port: int) -> list[str]:
+            return ["-m", "bench.raw_ceiling", *self._watch_args(bucket), "--port", str(port)]
+
+        return await self._start_server("raw", args, True)
+
+    async def start_origin(self, bucket: str) -> Server:
+        if importlib.util.find_spec("mcp") is None:
+            raise HarnessError("the origin baseline needs the mcp SDK: pip install -e '.[dev]'")
+
+        def args(port: int) -> list[str]:
+            return ["-m", "bench.origin", *self._watch_args(bucket), "--port", str(port)]
+
+        return await self._start_server("origin", args, True)
+
+    def _watch_args(self, bucket: str) -> list[str]:
+        return ["--nats-url", self.nats_url, "--bucket", bucket]
+
+    async def _start_server(
+        self, name: str, args: Callable[[int], list[str]], wait: bool, attempts: int = 3
+    ) -> Server:
+        """Start a server on a free port; another port if that one was taken meanwhile."""
+        for attempt in range(attempts):
+            port = free_port()
+            spawned = time.perf_counter()
+            child = await Child.start(
+                name,
+                [sys.executable, *args(port)],
+                self._log_file(name),
+                cwd=REPO_ROOT,
+                env=self.env,
+            )
+            server = Server(name, child, port, spawned)
+            self.servers.append(server)
+            if not wait:
+                return server
+            try:
+                await self.wait_ready(server)
+                return server
+            except HarnessError:
+                lost_race = "address already in use" in child.log_tail().lower()
+                await self.stop(server)
+                if not lost_race or attempt == attempts - 1:
+                    raise
+        raise AssertionError("unreachable")
+
+    async def wait_ready(self, server: Server, timeout: float = 120.0) -> None:
+        """Poll /readyz until 200; note when the port first answered at all."""
+        deadline = time.perf_counter() + timeout
+        while time.perf_counter() < deadline:
+            if not server.child.alive:
+                raise HarnessError(f"{server.name} exited:\n{server.child.log_tail()}")
+            try:
+                status, _ = await http_get(server.port, "/readyz", timeout=2.0)
+            except (OSError, TimeoutError):
+                await asyncio.sleep(0.005)
+                continue
+            now = time.perf_counter()
+            server.listening_at = server.listening_at or now
+            if status == 200:
+                server.ready_at = now
+                return
+            await asyncio.sleep(0.005)
+        raise HarnessError(f"{server.name} not ready in {timeout}s:\n{server.child.log_tail()}")
+
+    async def stop(self, server: Server) -> None:
+        await server.child.stop()
+        if server in self.servers:
+            self.servers.remove(server)
+
+    # -- profiles -----------------------------------------------------------------------
+
+    async def record(self, server: Server, label: str, seconds: float) -> profile.Recording | None:
+        """Sample the hub for `seconds` with py-spy, once per label, if --profile asked."""
+        if self.profile_dir is None or server.name != "hub" or label in self._profiled:
+            return None
+        if not profile.available():
+            self.log("--profile: py-spy is not installed (pip install py-spy); not profiling")
+            self.profile_dir = None
+            return None
+        self._profiled.add(label)
+        self.profile_dir.mkdir(parents=True, exist_ok=True)
+        output = self.profile_dir / f"{label}.txt"
+        return await profile.Recording.start(server.child.pid, output, seconds, self.env)
+
+    async def report_profile(self, recording: profile.Recording | None) -> None:
+        if recording is not None:
+            summary = await recording.finish()
+            head = "\n".join(summary.splitlines()[:14])
+            self.log(f"profile {recording.output.stem} ({recording.output}):\n{head}")
+
+    # -- workers ------------------------------------------------------------------------
+
+    async def loadgen(self) -> Worker:
+        return await self._worker("loadgen", ["-m", "bench.loadgen"])
+
+    async def writer(self, bucket: str) -> Worker:
+        args = ["-m", "bench.writer", "--nats-url", self.nats_url, "--bucket", bucket]
+        return await self._worker("writer", args)
+
+    async def _worker(self, name: str, args: list[str]) -> Worker:
+        worker = await Worker.start(name, args, self._log_file(name), REPO_ROOT, self.env)
+        self.workers.append(worker)
+        return worker
+
+    async def close_worker(self, worker: Worker) -> None:
+        await worker.close()
+        if worker in self.workers:
+            self.workers.remove(worker)

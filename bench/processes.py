@@ -1,0 +1,136 @@
+"""The processes a bench run starts, and what they cost: CPU seconds and RSS from /proc.
+
+Each child is started here and stopped here by its own PID (SIGTERM, then SIGKILL after a
+grace period); it also gets SIGTERM from the kernel if the bench dies first, so a crashed
+run leaves nothing behind. The file-descriptor limit is raised once in the bench process
+and inherited by every child, because 10k streams need 10k sockets on both ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import resource
+import signal
+import sys
+from pathlib import Path
+from typing import BinaryIO
+
+from hub.embedded_nats import die_with_parent
+
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+_PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+def raise_fd_limit() -> int:
+    """Lift the soft RLIMIT_NOFILE to the hard limit; returns the new soft limit."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or hard > soft:
+        target = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+
+
+def cpu_times(pid: int) -> tuple[float, float]:
+    """(user, system) CPU seconds of a live process (/proc/<pid>/stat fields 14 and 15).
+
+    System time is mostly socket syscalls here, so the split tells the kernel's share of
+    a frame from the Python's.
+    """
+    with open(f"/proc/{pid}/stat", "rb") as f:
+        stat = f.read()
+    fields = stat[stat.rindex(b")") + 2 :].split()  # the command name may contain spaces
+    return int(fields[11]) / _CLOCK_TICKS, int(fields[12]) / _CLOCK_TICKS
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a live process."""
+    return sum(cpu_times(pid))
+
+
+def rss_bytes(pid: int) -> int:
+    """Resident set size (/proc/<pid>/statm, second field, in pages)."""
+    with open(f"/proc/{pid}/statm", "rb") as f:
+        return int(f.read().split()[1]) * _PAGE
+
+
+def self_cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _append(path: Path) -> BinaryIO:
+    return open(path, "ab")
+
+
+class Child:
+    """One process this run started; its stderr goes to a log file in the run's temp dir."""
+
+    def __init__(self, name: str, process: asyncio.subprocess.Process, log: Path) -> None:
+        self.name = name
+        self.process = process
+        self.log = log
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    @property
+    def alive(self) -> bool:
+        return self.process.returncode is None
+
+    @classmethod
+    async def start(
+        cls,
+        name: str,
+        args: list[str],
+        log: Path,
+        *,
+        cwd: Path,
+        env: dict[str, str],
+        pipes: bool = False,
+    ) -> Child:
+        with _append(log) as err:
+            process = await asyncio.create_subprocess_exec(
+                *args,
+                stdin=asyncio.subprocess.PIPE if pipes else asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE if pipes else asyncio.subprocess.DEVNULL,
+                stderr=err,
+                cwd=cwd,
+                env=env,
+                preexec_fn=die_with_parent if sys.platform == "linux" else None,
+                limit=1 << 24,  # one answer line may carry thousands of task ids
+            )
+        return cls(name, process, log)
+
+    def cpu_seconds(self) -> float:
+        return cpu_seconds(self.pid)
+
+    def cpu_times(self) -> tuple[float, float]:
+        return cpu_times(self.pid)
+
+    def rss_bytes(self) -> int:
+        return rss_bytes(self.pid)
+
+    def log_tail(self, lines: int = 20) -> str:
+        try:
+            text = self.log.read_text(errors="replace")
+        except OSError:
+            return ""
+        return "\n".join(text.splitlines()[-lines:])
+
+    async def stop(self, grace: float = 10.0) -> int | None:
+        """SIGTERM this child (by PID), SIGKILL it after `grace` seconds; its exit code."""
+        process = self.process
+        if process.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(process.pid, signal.SIGTERM)
+            try:
+                await asyncio.wait_for(process.wait(), grace)
+            except TimeoutError:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(process.pid, signal.SIGKILL)
+                await process.wait()
+        return process.returncode

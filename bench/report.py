@@ -1,0 +1,206 @@
+"""The bench's output: one JSON object, and a markdown table for humans and the README.
+
+The JSON object has one key per scenario (its median figures) plus `machine` and `run`;
+the acceptance keys of issue 6 (`fanout.hub_rate`, `poll.origin_rps`, ...) are always
+present for a scenario that ran, and extra figures sit beside them. The table puts each
+hub figure next to its reference measured in the same run and the issue's target.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+Results = dict[str, dict[str, float]]
+Row = tuple[str, str, str, str, str]
+
+
+def _n(value: float) -> str:
+    return f"{value:,.0f}"
+
+
+def _ms(value: float) -> str:
+    return f"{value:.1f}" if value < 100 else f"{value:,.0f}"
+
+
+def _mark(ok: bool) -> str:
+    return "✓" if ok else "✗ missed"
+
+
+def _at_least(r: dict[str, float], prefix: str) -> str:
+    """`≥ ` when the writer's top rate did not saturate that server."""
+    return "≥ " if r[f"{prefix}_saturated"] < 0.5 else ""
+
+
+def _fanout(r: dict[str, float]) -> list[Row]:
+    label = f"fan-out ({r['streams']:,.0f} streams, {r['followers_per_task']:,.0f} per task)"
+    return [
+        (
+            label,
+            "notifications/s delivered at saturation",
+            f"{_at_least(r, 'hub')}{_n(r['hub_rate'])} (at {r['hub_cpu_cores']:.2f} cores)",
+            f"raw {_at_least(r, 'raw')}{_n(r['raw_rate'])} (at {r['raw_cpu_cores']:.2f} cores)"
+            f" → **{r['ratio']:.2f}×**",
+            f"≥ 0.5× raw {_mark(r['ratio'] >= 0.5)}",
+        ),
+        (
+            "",
+            f"publish→client p50 / p99 / p99.9 at 50% ({_n(r['latency_rate'])}/s)",
+            f"{_ms(r['p50_ms'])} / **{_ms(r['p99_ms'])}** / {_ms(r['p999_ms'])} ms",
+            f"raw at the same rate {_ms(r['raw_p50_ms'])} / {_ms(r['raw_p99_ms'])} / "
+            f"{_ms(r['raw_p999_ms'])} ms",
+            f"p99 ≤ 10 ms {_mark(r['p99_ms'] <= 10)}",
+        ),
+        (
+            "",
+            "CPU per delivered frame (of it kernel); RSS per stream",
+            f"{r['hub_us_per_frame']:.1f} µs ({r['hub_sys_us_per_frame']:.1f}); "
+            f"{r['hub_kb_per_stream']:.1f} KB",
+            f"raw {r['raw_us_per_frame']:.1f} µs ({r['raw_sys_us_per_frame']:.1f}) → "
+            f"{r['cpu_ratio']:.2f}× per core; "
+            f"{r['raw_kb_per_stream']:.1f} KB",
+            "",
+        ),
+    ]
+
+
+def _storm(r: dict[str, float]) -> list[Row]:
+    full = r["streams"] >= 10_000
+    return [
+        (
+            f"connect storm ({r['streams']:,.0f} streams)",
+            "all acked + initial snapshot",
+            f"**{r['seconds']:.2f} s**",
+            f"raw {r['raw_seconds']:.2f} s",
+            f"≤ 5 s at 10k {_mark(r['seconds'] <= 5) if full else '(not at this size)'}",
+        ),
+        (
+            "",
+            "RSS per idle stream",
+            f"**{r['kb_per_stream']:.1f} KB**",
+            f"raw {r['raw_kb_per_stream']:.1f} KB",
+            f"≤ 16 KB {_mark(r['kb_per_stream'] <= 16)}",
+        ),
+    ]
+
+
+def _poll(r: dict[str, float]) -> list[Row]:
+    return [
+        (
+            f"poll ({r['connections']:.0f} connections)",
+            "tasks/get req/s",
+            f"**{_n(r['hub_rps'])}**",
+            f"raw {_n(r['raw_rps'])} → {r['raw_ratio']:.2f}×; "
+            f"origin {_n(r['origin_rps'])} → {r['origin_ratio']:.1f}×",
+            f"≥ 0.25× raw {_mark(r['raw_ratio'] >= 0.25)}, "
+            f"≥ 3× origin {_mark(r['origin_ratio'] >= 3)}",
+        ),
+        (
+            "",
+            "server CPU per tasks/get",
+            f"{r['hub_us_per_request']:.0f} µs",
+            f"raw {r['raw_us_per_request']:.0f} µs → {r['raw_cpu_ratio']:.2f}× per core; "
+            f"origin {r['origin_us_per_request']:.0f} µs → {r['origin_cpu_ratio']:.1f}×",
+            "",
+        ),
+        (
+            "",
+            "p50 / p99 latency",
+            f"{_ms(r['hub_p50_ms'])} / **{_ms(r['hub_p99_ms'])}** ms",
+            f"raw {_ms(r['raw_p99_ms'])}, origin {_ms(r['origin_p99_ms'])} ms (p99)",
+            f"p99 ≤ 5 ms {_mark(r['hub_p99_ms'] <= 5)}",
+        ),
+    ]
+
+
+def _push_vs_poll(r: dict[str, float]) -> list[Row]:
+    label = (
+        f"poll vs push ({r['clients']:,.0f} clients, {r['seconds']:g} s, "
+        f"pollIntervalMs {r['poll_interval_ms']:.0f})"
+    )
+    return [
+        (
+            label,
+            "requests reaching the fleet",
+            f"push via hub: **{_n(r['fleet_requests_push'])}**",
+            f"polling the origin: {_n(r['fleet_requests_poll'])}",
+            "",
+        ),
+        (
+            "",
+            "bytes on the wire (HTTP payload)",
+            f"{r['bytes_push'] / 1e6:.2f} MB",
+            f"{r['bytes_poll'] / 1e6:.2f} MB",
+            "",
+        ),
+        (
+            "",
+            "staleness p50 / p99 (change → client)",
+            f"**{_ms(r['staleness_push_ms'])}** / {_ms(r['staleness_push_p99_ms'])} ms",
+            f"{_ms(r['staleness_poll_ms'])} / {_ms(r['staleness_poll_p99_ms'])} ms",
+            "",
+        ),
+    ]
+
+
+def _cold_start(r: dict[str, float]) -> list[Row]:
+    full = r["tasks"] >= 100_000
+    return [
+        (
+            f"cold start ({r['tasks']:,.0f} tasks)",
+            "process start → /readyz 200",
+            f"**{r['seconds']:.2f} s**",
+            f"listening after {r['listening_seconds']:.2f} s, "
+            f"cache loaded {r['load_seconds']:.2f} s later",
+            f"≤ 3 s at 100k {_mark(r['seconds'] <= 3) if full else '(not at this size)'}",
+        )
+    ]
+
+
+def _writes(r: dict[str, float]) -> list[Row]:
+    return [
+        (
+            f"writes ({r['concurrency']:.0f} concurrent)",
+            "bridge task updates/s",
+            f"**{_n(r['updates_per_s'])}**",
+            f"writer process at {r['writer_cpu_cores']:.2f} cores, "
+            f"nats-server at {r['nats_cpu_cores']:.2f}",
+            f"≥ 15k/s {_mark(r['updates_per_s'] >= 15_000)}",
+        )
+    ]
+
+
+_ROWS: dict[str, Callable[[dict[str, float]], list[Row]]] = {
+    "fanout": _fanout,
+    "storm": _storm,
+    "poll": _poll,
+    "push_vs_poll": _push_vs_poll,
+    "cold_start": _cold_start,
+    "writes": _writes,
+}
+
+
+def as_json(results: Results, machine: dict[str, Any], run: dict[str, Any]) -> dict[str, Any]:
+    return {"machine": machine, "run": run, **results}
+
+
+def markdown(results: Results, machine: dict[str, Any], run: dict[str, Any]) -> str:
+    versions = machine["versions"]
+    lines = [
+        f"Machine: {machine['cores']} cores ({machine['cpu']}), {machine['memory_gb']} GB, "
+        f"{machine['os']}, {machine['python']}; taskhub {versions['taskhub']}, "
+        f"uvicorn {versions['uvicorn']}, uvloop {versions['uvloop']}, "
+        f"httptools {versions['httptools']}, starlette {versions['starlette']}, "
+        f"msgspec {versions['msgspec']}, nats-py {versions['nats-py']}, mcp {versions['mcp']}, "
+        f"nats-server {versions['nats-server']}.",
+        f"Run: `{run['command']}` — {run['sizes']} sizes, median of {run['repeat']} "
+        f"repetition(s), {run['seconds']:.0f} s, load average {run['load_before']:.2f} before "
+        f"and {run['load_after']:.2f} after.",
+        "",
+        "| scenario | measure | hub | reference (same run) | target |",
+        "|---|---|---|---|---|",
+    ]
+    for name, rows in _ROWS.items():
+        if name in results:
+            lines.extend("| " + " | ".join(row) + " |" for row in rows(results[name]))
+    return "\n".join(lines) + "\n"

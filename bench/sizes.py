@@ -1,0 +1,119 @@
+"""How big each scenario runs: `full` (the issue's sizes), `quick` (< 2 minutes on 2 cores),
+`smoke` (seconds; the test suite's run, where only the shape of the output matters).
+
+Fan-out is shaped so one update reaches `fanout_streams / fanout_tasks` streams, each
+stream following `fanout_follow` task(s): a client follows its own task, a task has
+several followers (a dashboard, other tabs), and every frame is its own write, the
+hub's worst case. `fanout_saturation_rate` is the writer's top rate: times the fan-out
+it offers more notifications than one Python process can send, so the saturation search
+(bench/scenarios.py) can overload any server.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Sizes:
+    name: str
+    # (a) fan-out: streams over tasks, the writer's top rate, window lengths
+    fanout_streams: int
+    fanout_tasks: int
+    fanout_follow: int
+    fanout_saturation_rate: float  # the writer's top rate, updates/s
+    fanout_probe_seconds: float
+    fanout_seconds: float
+    # (b) connect storm
+    storm_streams: int
+    storm_tasks: int
+    storm_window: int  # streams still opening at once (below the listen backlog)
+    # (c) poll
+    poll_connections: int
+    poll_tasks: int
+    poll_seconds: float
+    # (d) poll vs push: one task per client, each changing every `change_interval_ms`
+    pvp_clients: int
+    pvp_poll_interval_ms: int
+    pvp_change_interval_ms: int
+    pvp_seconds: float
+    # (e) cold start
+    cold_tasks: int
+    # (f) writes
+    writes_concurrency: int
+    writes_seconds: float
+    warmup_seconds: float = 0.5
+
+
+FULL = Sizes(
+    name="full",
+    fanout_streams=2000,
+    fanout_tasks=20,
+    fanout_follow=1,
+    fanout_saturation_rate=2000,
+    fanout_probe_seconds=1.0,
+    fanout_seconds=3.0,
+    storm_streams=10_000,
+    storm_tasks=100,
+    storm_window=1000,
+    poll_connections=64,
+    poll_tasks=100,
+    poll_seconds=4.0,
+    pvp_clients=500,
+    pvp_poll_interval_ms=1000,
+    pvp_change_interval_ms=2000,
+    pvp_seconds=8.0,
+    cold_tasks=100_000,
+    writes_concurrency=64,
+    writes_seconds=4.0,
+)
+
+QUICK = Sizes(
+    name="quick",
+    fanout_streams=500,
+    fanout_tasks=5,
+    fanout_follow=1,
+    fanout_saturation_rate=2000,
+    fanout_probe_seconds=0.5,
+    fanout_seconds=1.0,
+    storm_streams=1000,
+    storm_tasks=50,
+    storm_window=1000,
+    poll_connections=64,
+    poll_tasks=50,
+    poll_seconds=1.0,
+    pvp_clients=100,
+    pvp_poll_interval_ms=500,
+    pvp_change_interval_ms=1000,
+    pvp_seconds=2.5,
+    cold_tasks=10_000,
+    writes_concurrency=64,
+    writes_seconds=1.0,
+    warmup_seconds=0.3,
+)
+
+SMOKE = Sizes(
+    name="smoke",
+    fanout_streams=20,
+    fanout_tasks=2,
+    fanout_follow=1,
+    fanout_saturation_rate=200,
+    fanout_probe_seconds=0.2,
+    fanout_seconds=0.3,
+    storm_streams=20,
+    storm_tasks=4,
+    storm_window=20,
+    poll_connections=8,
+    poll_tasks=4,
+    poll_seconds=0.3,
+    pvp_clients=8,
+    pvp_poll_interval_ms=100,
+    pvp_change_interval_ms=150,
+    pvp_seconds=0.6,
+    cold_tasks=200,
+    writes_concurrency=4,
+    writes_seconds=0.3,
+    warmup_seconds=0.1,
+)
+
+PROFILES = {sizes.name: sizes for sizes in (FULL, QUICK, SMOKE)}

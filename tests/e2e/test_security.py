@@ -1,0 +1,629 @@
+"""Security end to end: bearer auth, ownership, token-bound streams, cookies, CORS and Origin.
+
+One authenticated hub serves most tests (module fixture); tests that need other settings
+start their own. Every request goes over real HTTP to a hub watching a real nats-server.
+The pure rules are unit-tested in tests/test_auth.py and tests/test_cors.py; this file proves
+the wiring: what a caller can learn and do, and what comes back on the wire.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import nats
+import pytest
+from cryptography.hazmat.primitives.asymmetric import rsa
+from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+from joserfc import jwt
+from joserfc.jwk import OctKey, RSAKey
+
+from bridge.jetstream import ensure_bucket, ensure_control_stream
+from bridge.wire import CONTROL_STREAM, control_subject, kv_subject
+from tests.helpers import (
+    SUB_KEY,
+    HubHarness,
+    SseStream,
+    envelope,
+    eventually,
+    headers_for,
+    mint_token,
+    new_task_id,
+    rpc,
+    start_hub,
+)
+
+SECRET = "e2e-security-secret-0123456789-abcdefgh"
+ISSUER = "https://issuer.test"
+AUDIENCE = "https://hub.test/mcp"
+PUBLIC_URL = "https://hub.test"  # the hub's own origin, as browsers see it
+DASHBOARD = "https://dash.test"  # a CORS allow-listed origin
+LEEWAY = 0.5
+NOT_FOUND = {"code": -32602, "message": "Failed to retrieve task: Task not found"}
+ANSWER = {"q1": {"action": "accept", "content": {"ok": True}}}
+
+
+def token(sub: str | None = "alice", **claims: Any) -> str:
+    """A token the secure hub accepts, unless `claims` spoil it."""
+    return mint_token(SECRET, sub, **{"iss": ISSUER, "aud": AUDIENCE, **claims})
+
+
+def bearer(sub: str = "alice", **claims: Any) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token(sub, **claims)}"}
+
+
+@dataclass
+class Secured:
+    """The module's authenticated hub, its bucket and the server id its tasks name."""
+
+    harness: HubHarness
+    js: Any
+    bucket: str
+    server: str
+
+    async def put(self, task_id: str, status: str = "working", **fields: Any) -> None:
+        data = envelope(task_id, status, server=self.server, **fields)
+        await self.js.publish(kv_subject(self.bucket, task_id), data)
+
+    async def task(self, owner: str, status: str = "working", **fields: Any) -> str:
+        task_id = new_task_id()
+        await self.put(task_id, status, owner=owner, **fields)
+        return task_id
+
+    async def call(self, body: dict[str, Any], **headers: str) -> httpx.Response:
+        return await self.harness.call(body, **headers)
+
+
+@pytest.fixture(scope="module")
+async def secured(
+    nats_url: str, tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[Secured]:
+    bucket = f"t{uuid.uuid4().hex[:12]}"
+    nc = await nats.connect(nats_url)
+    js = nc.jetstream()
+    await ensure_bucket(js, bucket)
+    await ensure_control_stream(js)
+    harness = await start_hub(
+        nats_url,
+        bucket,
+        tmp_path_factory.mktemp("secured"),
+        jwt_secret=SECRET,
+        jwt_issuer=ISSUER,
+        jwt_audience=AUDIENCE,
+        jwt_leeway=LEEWAY,
+        public_url=PUBLIC_URL,
+        cors_origins=(DASHBOARD,),
+    )
+    await harness.hub.source.wait_caught_up(10)
+    yield Secured(harness, js, bucket, f"srv-{uuid.uuid4().hex[:8]}")
+    await harness.stop()
+    await nc.close()
+
+
+@contextlib.asynccontextmanager
+async def listening(
+    harness: HubHarness, task_ids: list[str], id: Any = "L", **headers: str
+) -> AsyncIterator[tuple[httpx.Response, SseStream]]:
+    """A listen request with the caller's own headers; yields the response and its events."""
+    body = rpc("subscriptions/listen", {"notifications": {"taskIds": task_ids}}, id=id)
+    request = harness.client.build_request(
+        "POST", harness.url + "/mcp", json=body, headers={**headers_for(body), **headers}
+    )
+    response = await harness.client.send(request, stream=True)
+    try:
+        yield response, SseStream(response)
+    finally:
+        await response.aclose()
+
+
+def assert_auth_error(response: httpx.Response, status: int, challenge: str) -> None:
+    """RFC 6750 challenge, and the same refusal as a JSON-RPC error without an id (H71)."""
+    assert response.status_code == status, response.text
+    assert response.headers["www-authenticate"] == challenge
+    assert response.headers["content-type"] == "application/json"
+    body = response.json()
+    assert set(body) == {"jsonrpc", "error"} and body["jsonrpc"] == "2.0"
+    assert body["error"]["code"] == -31401
+    assert body["error"]["message"].startswith("Unauthorized")
+
+
+def challenge(error: str | None = None, description: str = "") -> str:
+    plain = 'Bearer realm="taskhub"'
+    return (
+        plain if error is None else f'{plain}, error="{error}", error_description="{description}"'
+    )
+
+
+async def queued(js: Any, server: str) -> list[dict[str, Any]]:
+    """The control messages waiting for `server`, oldest first (read, not consumed)."""
+    subject = control_subject(server)
+    info = await js.stream_info(CONTROL_STREAM, subjects_filter=subject)
+    messages: list[dict[str, Any]] = []
+    seq = 0
+    for _ in range((info.state.subjects or {}).get(subject, 0)):
+        msg = await js.get_msg(CONTROL_STREAM, seq=seq + 1, subject=subject, next=True)
+        messages.append(json.loads(msg.data))
+        seq = msg.seq
+    return messages
+
+
+def cors_headers(response: httpx.Response) -> dict[str, str]:
+    return {k: v for k, v in response.headers.items() if k.startswith("access-control-")}
+
+
+# --- authentication: every failure mode on every kind of endpoint --------------------------
+
+FOREIGN_SECRET = "someone-elses-secret-0123456789-abcdefgh"
+# (Authorization header or None, HTTP status, RFC 6750 error code, error_description)
+AUTH_FAILURES: dict[str, tuple[Any, int, str | None, str]] = {
+    "missing": (None, 401, None, ""),
+    "other-scheme": (lambda: "Basic YWxpY2U6c2VjcmV0", 401, None, ""),
+    "empty-bearer": (lambda: "Bearer", 400, "invalid_request", "malformed Authorization header"),
+    "two-tokens": (lambda: f"Bearer {token()} x", 400, "invalid_request",
+                   "malformed Authorization header"),
+    "not-a-jwt": (lambda: "Bearer abc.def", 401, "invalid_token", "malformed token"),
+    "bad-signature": (lambda: "Bearer " + mint_token(FOREIGN_SECRET, iss=ISSUER, aud=AUDIENCE),
+                      401, "invalid_token", "invalid signature"),
+    "tampered-payload": (lambda: "Bearer " + _swap_payload(token("alice"), token("bob")), 401,
+                         "invalid_token", "invalid signature"),
+    "alg-none": (lambda: "Bearer " + _unsigned(), 401, "invalid_token", "algorithm not accepted"),
+    "expired": (lambda: f"Bearer {token(exp=time.time() - 5)}", 401, "invalid_token",
+                "token expired"),
+    "nbf-in-future": (lambda: f"Bearer {token(nbf=time.time() + 60)}", 401, "invalid_token",
+                      "token not yet valid"),
+    "wrong-issuer": (lambda: f"Bearer {token(iss='https://other.test')}", 401, "invalid_token",
+                     "wrong issuer"),
+    "no-issuer": (lambda: "Bearer " + mint_token(SECRET, aud=AUDIENCE), 401, "invalid_token",
+                  "wrong issuer"),
+    "wrong-audience": (lambda: f"Bearer {token(aud='https://other.test/mcp')}", 401,
+                       "invalid_token", "wrong audience"),
+    "no-audience": (lambda: "Bearer " + mint_token(SECRET, iss=ISSUER), 401, "invalid_token",
+                    "wrong audience"),
+    "missing-sub": (lambda: f"Bearer {token(None)}", 401, "invalid_token", "missing subject"),
+    "empty-sub": (lambda: f"Bearer {token('')}", 401, "invalid_token", "missing subject"),
+}  # fmt: skip
+
+
+def _swap_payload(signed: str, other: str) -> str:
+    header, _, signature = signed.split(".")
+    return f"{header}.{other.split('.')[1]}.{signature}"
+
+
+def _unsigned() -> str:
+    import base64
+
+    def b64(value: dict[str, Any]) -> str:
+        return base64.urlsafe_b64encode(json.dumps(value).encode()).rstrip(b"=").decode()
+
+    claims = {"sub": "alice", "iss": ISSUER, "aud": AUDIENCE, "exp": time.time() + 60}
+    return f"{b64({'alg': 'none'})}.{b64(claims)}."
+
+
+def endpoints(task_id: str) -> list[dict[str, Any]]:
+    return [
+        rpc("server/discover", id="d"),
+        rpc("tasks/get", {"taskId": task_id}, id="g"),
+        rpc("tasks/update", {"taskId": task_id, "inputResponses": ANSWER}, id="u"),
+        rpc("tasks/cancel", {"taskId": task_id}, id="c"),
+        rpc("subscriptions/listen", {"notifications": {"taskIds": [task_id]}}, id="l"),
+    ]
+
+
+@pytest.mark.parametrize(("make", "status", "error", "description"), AUTH_FAILURES.values(),
+                         ids=list(AUTH_FAILURES))  # fmt: skip
+async def test_every_auth_failure_is_refused_on_every_endpoint(
+    secured: Secured, make: Any, status: int, error: str | None, description: str
+) -> None:
+    tid = await secured.task("alice", "input_required")
+    for body in endpoints(tid):
+        headers = {} if make is None else {"Authorization": make()}
+        response = await secured.call(body, **headers)
+        assert_auth_error(response, status, challenge(error, description))
+    assert await queued(secured.js, secured.server) == []  # nothing was forwarded
+
+
+async def test_a_valid_token_is_served_on_every_endpoint(secured: Secured) -> None:
+    tid = await secured.task("alice", "input_required")
+    for body in endpoints(tid)[:-1]:
+        response = await secured.call(body, **bearer("alice"))
+        assert response.status_code == 200, response.text
+        assert response.json()["id"] == body["id"] and "result" in response.json()
+    async with listening(secured.harness, [tid], **bearer("alice")) as (response, stream):
+        assert response.status_code == 200
+        assert (await stream.next())["params"]["notifications"] == {"taskIds": [tid]}
+
+
+def _rsa_files(tmp_path: Path) -> tuple[RSAKey, Path, Path]:
+    native = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    pem = native.public_key().public_bytes(Encoding.PEM, PublicFormat.SubjectPublicKeyInfo)
+    key = RSAKey.import_key(pem_private(native))
+    pem_file = tmp_path / "key.pem"
+    pem_file.write_bytes(pem)
+    jwks_file = tmp_path / "jwks.json"
+    other = RSAKey.generate_key(2048)
+    jwks = {
+        "keys": [
+            {**key.as_dict(private=False), "kid": "k1", "use": "sig", "alg": "RS256"},
+            {**other.as_dict(private=False), "kid": "k2"},
+        ]
+    }
+    jwks_file.write_text(json.dumps(jwks))
+    return key, pem_file, jwks_file
+
+
+def pem_private(native: rsa.RSAPrivateKey) -> bytes:
+    from cryptography.hazmat.primitives.serialization import NoEncryption, PrivateFormat
+
+    return native.private_bytes(Encoding.PEM, PrivateFormat.PKCS8, NoEncryption())
+
+
+def rs256(key: RSAKey, sub: str = "carol", **header: Any) -> str:
+    claims = {"sub": sub, "aud": AUDIENCE, "exp": time.time() + 60}
+    return jwt.encode({"alg": "RS256", **header}, claims, key, ["RS256"])
+
+
+@pytest.mark.parametrize("kind", ["pem", "jwks"])
+async def test_rs256_tokens_from_a_public_key_file(
+    nats_url: str, bucket: str, js: Any, tmp_path: Path, kind: str
+) -> None:
+    key, pem_file, jwks_file = _rsa_files(tmp_path)
+    harness = await start_hub(
+        nats_url,
+        bucket,
+        tmp_path,
+        jwt_public_key_file=pem_file if kind == "pem" else jwks_file,
+        jwt_audience=AUDIENCE,
+    )
+    try:
+        tid = new_task_id()
+        await js.publish(kv_subject(bucket, tid), envelope(tid, owner="carol"))
+        kid = {"kid": "k1"} if kind == "jwks" else {}
+        good = {"Authorization": f"Bearer {rs256(key, **kid)}"}
+        response = await harness.get_task(tid, id=7)
+        assert_auth_error(response, 401, challenge())
+        response = await harness.call(rpc("tasks/get", {"taskId": tid}, id=7), **good)
+        assert response.status_code == 200
+        assert response.json()["result"]["taskId"] == tid  # principal = sub = the owner
+        # Someone else's key, an HS256 token (alg confusion), an unknown kid: all refused.
+        refused = {
+            "invalid signature": rs256(RSAKey.generate_key(2048), **kid),
+            "algorithm not accepted": jwt.encode(
+                {"alg": "HS256", **kid},
+                {"sub": "carol", "aud": AUDIENCE},
+                OctKey.import_key(SECRET.encode()),
+                ["HS256"],
+            ),
+        }
+        if kind == "jwks":
+            refused["unknown key id"] = rs256(key, kid="nope")
+            refused["token has no key id"] = rs256(key)
+        for description, bad in refused.items():
+            response = await harness.call(
+                rpc("tasks/get", {"taskId": tid}, id=7), Authorization=f"Bearer {bad}"
+            )
+            assert_auth_error(response, 401, challenge("invalid_token", description))
+    finally:
+        await harness.stop()
+
+
+# --- ownership: another principal's task is an unknown task --------------------------------
+
+
+async def test_tasks_get_serves_only_the_owner(secured: Secured) -> None:
+    mine = await secured.task("alice", statusMessage="alice's")
+    response = await secured.call(rpc("tasks/get", {"taskId": mine}, id=1), **bearer("alice"))
+    assert response.status_code == 200
+    assert response.json()["result"]["statusMessage"] == "alice's"
+
+    def as_bob(task_id: str) -> Any:
+        return secured.call(rpc("tasks/get", {"taskId": task_id}, id=1), **bearer("bob"))
+
+    foreign, unknown = await as_bob(mine), await as_bob(new_task_id())
+    assert (foreign.status_code, foreign.json()) == (unknown.status_code, unknown.json())
+    assert foreign.status_code == 200
+    assert foreign.json() == {"jsonrpc": "2.0", "id": 1, "error": NOT_FOUND}
+    assert foreign.headers.get("content-type") == unknown.headers.get("content-type")
+
+
+@pytest.mark.parametrize("method", ["tasks/update", "tasks/cancel"])
+async def test_update_and_cancel_reach_the_server_only_for_the_owner(
+    secured: Secured, method: str
+) -> None:
+    server = f"srv-{uuid.uuid4().hex[:8]}"
+    tid = new_task_id()
+    await secured.js.publish(
+        kv_subject(secured.bucket, tid),
+        envelope(tid, "input_required", owner="alice", server=server),
+    )
+    params: dict[str, Any] = {"inputResponses": ANSWER} if method == "tasks/update" else {}
+
+    async def as_(who: str, task_id: str, id: Any) -> httpx.Response:
+        return await secured.call(rpc(method, {"taskId": task_id, **params}, id=id), **bearer(who))
+
+    foreign, unknown = await as_("bob", tid, 3), await as_("bob", new_task_id(), 3)
+    assert (foreign.status_code, foreign.json()) == (unknown.status_code, unknown.json())
+    assert foreign.json() == {"jsonrpc": "2.0", "id": 3, "error": NOT_FOUND}
+    assert await queued(secured.js, server) == []  # bob's request was not forwarded
+
+    owned = await as_("alice", tid, 4)
+    assert owned.status_code == 200 and owned.json()["result"]["resultType"] == "complete"
+    op = "update" if method == "tasks/update" else "cancel"
+    assert await queued(secured.js, server) == [
+        {"op": op, "taskId": tid, **params, "principal": "alice"}
+    ]
+
+
+async def test_listen_never_grants_nor_carries_another_principals_task(secured: Secured) -> None:
+    alices, bobs = await secured.task("alice"), await secured.task("bob")
+    unknown = new_task_id()
+    h = secured.harness
+    async with (
+        listening(h, [alices], id="a", **bearer("alice")) as (_, alice),
+        listening(h, [alices, bobs], id="b", **bearer("bob")) as (_, bob),
+        listening(h, [alices], id="x", **bearer("bob")) as (_, bob_foreign),
+        listening(h, [unknown], id="x", **bearer("bob")) as (_, bob_unknown),
+    ):
+        assert (await alice.next())["params"]["notifications"] == {"taskIds": [alices]}
+        assert (await bob.next())["params"]["notifications"] == {"taskIds": [bobs]}
+        # Asking for alice's task and for no task at all look exactly the same to bob.
+        assert await bob_foreign.next() == await bob_unknown.next()
+        assert (await alice.next())["params"]["taskId"] == alices
+        assert (await bob.next())["params"]["taskId"] == bobs
+
+        await secured.put(alices, owner="alice", statusMessage="alice moved")
+        changed = await alice.next()
+        assert changed["params"]["taskId"] == alices
+        assert changed["params"]["statusMessage"] == "alice moved"
+        # The watch delivers in bucket order: bob's next frame is his own later change,
+        # so alice's change, written first, was never queued for him.
+        await secured.put(bobs, owner="bob", statusMessage="bob moved")
+        frame = await bob.next()
+        assert frame["params"]["taskId"] == bobs
+        assert frame["params"]["statusMessage"] == "bob moved"
+        assert secured.harness.hub.fanout.followers(alices) == 1  # alice's stream only
+
+
+# --- a stream lives no longer than its token -----------------------------------------------
+
+
+async def test_a_stream_ends_with_its_completion_result_when_the_token_expires(
+    secured: Secured,
+) -> None:
+    metrics = secured.harness.hub.metrics
+    before = metrics.streams_closed.value("token_expired")
+    tid = await secured.task("alice")
+    exp = time.time() + 2.0
+    auth = {"Authorization": f"Bearer {token(exp=exp)}"}
+    async with listening(secured.harness, [tid], id="short", **auth) as (response, stream):
+        assert response.status_code == 200
+        await stream.next()  # ack
+        await stream.next()  # current state
+        # Time is the subject here: the next message is the goodbye, at exp + leeway.
+        goodbye = await stream.next(timeout=2.0 + LEEWAY + 5)
+        assert time.time() >= exp
+        assert goodbye == {
+            "jsonrpc": "2.0",
+            "id": "short",
+            "result": {"resultType": "complete", "_meta": {SUB_KEY: "short"}},
+        }
+        with pytest.raises(EOFError):
+            await stream.next()
+    await eventually(lambda: metrics.streams_closed.value("token_expired") == before + 1)
+    text = (await secured.harness.client.get(secured.harness.url + "/metrics")).text
+    assert f'taskhub_streams_closed_total{{reason="token_expired"}} {before + 1:g}' in text
+
+
+# --- browsers: the token cookie and its CSRF rules ------------------------------------------
+
+
+def cookie(value: str | None = None) -> dict[str, str]:
+    return {"Cookie": f"taskhub_token={value or token('alice')}"}
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        pytest.param({"Origin": PUBLIC_URL}, id="same-origin"),
+        pytest.param({"Origin": DASHBOARD}, id="cors-origin"),
+        pytest.param({"Sec-Fetch-Site": "same-origin"}, id="no-origin-but-same-site"),
+        pytest.param(
+            {"Origin": PUBLIC_URL, "Content-Type": "application/json; charset=utf-8"},
+            id="json-with-charset",
+        ),
+    ],
+)
+async def test_the_token_cookie_works_for_same_origin_json_posts(
+    secured: Secured, headers: dict[str, str]
+) -> None:
+    tid = await secured.task("alice")
+    response = await secured.call(rpc("tasks/get", {"taskId": tid}, id=5), **cookie(), **headers)
+    assert response.status_code == 200, response.text
+    assert response.json()["result"]["taskId"] == tid  # the cookie's principal: alice
+
+
+async def test_a_listen_stream_accepts_the_cookie(secured: Secured) -> None:
+    tid = await secured.task("alice")
+    async with listening(secured.harness, [tid], **cookie(), Origin=PUBLIC_URL) as (_, stream):
+        assert (await stream.next())["params"]["notifications"] == {"taskIds": [tid]}
+
+
+COOKIE_REFUSALS = {
+    "foreign-loopback-origin": ({"Origin": "http://localhost:5173"},
+                                "cookie sent from a foreign origin"),
+    "text-plain": ({"Origin": PUBLIC_URL, "Content-Type": "text/plain"},
+                   "cookie needs Content-Type: application/json"),
+    "form": ({"Origin": PUBLIC_URL, "Content-Type": "application/x-www-form-urlencoded"},
+             "cookie needs Content-Type: application/json"),
+    "no-origin": ({}, "cookie needs Origin or Sec-Fetch-Site: same-origin"),
+    "cross-site-fetch": ({"Sec-Fetch-Site": "cross-site"},
+                         "cookie needs Origin or Sec-Fetch-Site: same-origin"),
+    "two-cookies": ({"Origin": PUBLIC_URL, "Cookie": f"taskhub_token={token()}; "
+                     f"taskhub_token={token('bob')}"}, "more than one token cookie"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(("headers", "description"), COOKIE_REFUSALS.values(),
+                         ids=list(COOKIE_REFUSALS))  # fmt: skip
+async def test_the_token_cookie_is_refused_where_a_page_could_forge_it(
+    secured: Secured, headers: dict[str, str], description: str
+) -> None:
+    tid = await secured.task("alice")
+    body = rpc("tasks/get", {"taskId": tid}, id=5)
+    response = await secured.call(body, **{**cookie(), **headers})
+    assert_auth_error(response, 400, challenge("invalid_request", description))
+
+
+async def test_a_foreign_origin_never_gets_as_far_as_the_cookie(secured: Secured) -> None:
+    tid = await secured.task("alice")
+    body = rpc("tasks/get", {"taskId": tid}, id=5)
+    response = await secured.call(body, **cookie(), Origin="https://evil.test")
+    assert response.status_code == 403
+    assert "id" not in response.json() and cors_headers(response) == {}
+
+
+# --- CORS ------------------------------------------------------------------------------------
+
+CORS_RESPONSE = {
+    "access-control-allow-origin": DASHBOARD,
+    "access-control-allow-credentials": "true",
+    "access-control-expose-headers": "WWW-Authenticate, Retry-After",
+}
+
+
+async def test_an_allow_listed_origin_gets_cors_headers_on_every_answer(secured: Secured) -> None:
+    tid = await secured.task("alice")
+    origin = {"Origin": DASHBOARD}
+    answers = {
+        "ok": await secured.call(rpc("tasks/get", {"taskId": tid}), **bearer(), **origin),
+        "not found": await secured.call(
+            rpc("tasks/get", {"taskId": new_task_id()}), **bearer(), **origin
+        ),
+        "unauthorized": await secured.call(rpc("server/discover"), **origin),
+        "bad request": await secured.call(
+            rpc("server/discover"), **bearer(), **origin, **{"Mcp-Method": "tasks/get"}
+        ),
+    }
+    for name, response in answers.items():
+        assert cors_headers(response) == CORS_RESPONSE, name
+        assert response.headers["vary"] == "Origin", name
+
+
+async def test_a_listen_stream_for_an_allow_listed_origin_carries_cors_headers(
+    secured: Secured,
+) -> None:
+    tid = await secured.task("alice")
+    async with listening(secured.harness, [tid], **bearer(), Origin=DASHBOARD) as (response, s):
+        assert response.headers["content-type"] == "text/event-stream"
+        assert cors_headers(response) == CORS_RESPONSE
+        assert (await s.next())["params"]["notifications"] == {"taskIds": [tid]}
+
+
+async def test_a_preflight_from_an_allow_listed_origin_is_answered(secured: Secured) -> None:
+    request_headers = "authorization, content-type, mcp-protocol-version, mcp-method, mcp-name"
+    response = await secured.harness.client.options(
+        secured.harness.url + "/mcp",
+        headers={
+            "Origin": DASHBOARD,
+            "Access-Control-Request-Method": "POST",
+            "Access-Control-Request-Headers": request_headers,
+        },
+    )
+    assert response.status_code == 204 and response.content == b""
+    allowed = cors_headers(response)
+    assert allowed["access-control-allow-origin"] == DASHBOARD
+    assert allowed["access-control-allow-credentials"] == "true"
+    assert allowed["access-control-allow-methods"] == "POST"
+    granted = {h.strip().lower() for h in allowed["access-control-allow-headers"].split(",")}
+    assert {h.strip() for h in request_headers.split(",")} <= granted
+    assert int(allowed["access-control-max-age"]) > 0
+
+
+@pytest.mark.parametrize("origin", ["https://evil.test", "http://localhost:3000", "null"])
+async def test_other_origins_get_no_cors_grant(secured: Secured, origin: str) -> None:
+    client, url = secured.harness.client, secured.harness.url + "/mcp"
+    preflight = await client.options(
+        url, headers={"Origin": origin, "Access-Control-Request-Method": "POST"}
+    )
+    assert preflight.status_code == 403 and cors_headers(preflight) == {}
+    response = await secured.call(rpc("server/discover"), **bearer(), Origin=origin)
+    assert cors_headers(response) == {}
+    if origin == "http://localhost:3000":  # loopback pages may call, without CORS (H4)
+        assert response.status_code == 200
+    else:
+        assert response.status_code == 403
+        assert response.json() == {
+            "jsonrpc": "2.0",
+            "error": {"code": -32600, "message": "Origin not allowed"},
+        }
+
+
+async def test_a_plain_options_request_is_405(secured: Secured) -> None:
+    response = await secured.harness.client.options(secured.harness.url + "/mcp")
+    assert response.status_code == 405 and response.headers["allow"] == "POST"
+
+
+# --- the Origin allow-list (H4) ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("origin", "status"),
+    [
+        (None, 200),  # not a browser
+        (PUBLIC_URL, 200),  # our own pages
+        (DASHBOARD, 200),  # CORS origins may call, of course
+        ("http://localhost:3000", 200),  # loopback pages, by default
+        ("http://127.0.0.1", 200),
+        ("http://[::1]:8080", 200),
+        ("https://evil.test", 403),
+        ("http://10.0.0.1:8080", 403),
+        ("http://localhost.evil.test", 403),
+        ("null", 403),
+    ],
+)
+async def test_default_origin_allow_list(secured: Secured, origin: str | None, status: int) -> None:
+    headers = {} if origin is None else {"Origin": origin}
+    response = await secured.call(rpc("server/discover"), **bearer(), **headers)
+    assert response.status_code == status
+    if status == 403:
+        assert "id" not in response.json()
+
+
+async def test_a_configured_origin_allow_list_admits_only_those_origins(
+    nats_url: str, bucket: str, tmp_path: Path
+) -> None:
+    harness = await start_hub(
+        nats_url,
+        bucket,
+        tmp_path,
+        allowed_origins=("https://app.test",),
+        cors_origins=(DASHBOARD,),
+        public_url=PUBLIC_URL,
+    )
+    try:
+        expected = {
+            None: 200,
+            "https://app.test": 200,
+            PUBLIC_URL: 200,
+            DASHBOARD: 200,
+            "http://localhost:3000": 403,  # loopback is no longer implied
+            "http://127.0.0.1:8080": 403,
+            "https://app.test:8443": 403,  # another origin on the same host
+            "http://app.test": 403,
+            "https://evil.test": 403,
+            "null": 403,
+        }
+        for origin, status in expected.items():
+            headers = {} if origin is None else {"Origin": origin}
+            response = await harness.call(rpc("server/discover", id="o"), **headers)
+            assert response.status_code == status, origin
+            body = response.json()
+            assert ("id" in body) == (status == 200), origin
+    finally:
+        await harness.stop()

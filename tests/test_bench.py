@@ -1,0 +1,99 @@
+"""bench/: the smoke run end to end, and the byte-wise readers the load generators rely on.
+
+The smoke run is `python -m bench --smoke --json` in a subprocess, exactly as a user runs
+it: its own nats-server, hubs, reference servers and load generators, tiny sizes. It
+asserts the shape of the output (every acceptance key, numeric), never a timing.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench import protocol
+from bench.stats import latency_summary, percentile
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+REQUIRED = {
+    "fanout": ("hub_rate", "raw_rate", "ratio", "p50_ms", "p99_ms", "p999_ms"),
+    "storm": ("streams", "seconds", "kb_per_stream"),
+    "poll": ("hub_rps", "raw_rps", "origin_rps", "hub_p99_ms"),
+    "push_vs_poll": (
+        "fleet_requests_poll",
+        "fleet_requests_push",
+        "staleness_poll_ms",
+        "staleness_push_ms",
+    ),
+    "cold_start": ("tasks", "seconds"),
+    "writes": ("updates_per_s",),
+}
+
+
+@pytest.mark.timeout(150)
+def test_smoke_run_prints_one_json_object_with_every_key() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "bench", "--smoke", "--json", "--repeat", "1"],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=140,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    result = json.loads(done.stdout)  # the whole of stdout is one JSON object
+    for scenario, keys in REQUIRED.items():
+        for key in keys:
+            value = result[scenario][key]
+            assert isinstance(value, int | float) and not isinstance(value, bool), (scenario, key)
+    assert result["fanout"]["hub_rate"] > 0 and result["poll"]["hub_rps"] > 0
+    assert result["push_vs_poll"]["fleet_requests_push"] == 0  # the hub spares the fleet
+    assert result["push_vs_poll"]["fleet_requests_poll"] > 0
+    assert result["machine"]["cores"] >= 1
+    assert result["machine"]["versions"]["mcp"] == "2.3.0"
+    assert "| scenario |" in done.stderr  # the table goes to stderr under --json
+
+
+def test_response_reader_splits_keep_alive_responses_both_framings() -> None:
+    chunked = (
+        b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+        b"transfer-encoding: chunked\r\n\r\n5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n"
+    )
+    sized = b"HTTP/1.1 404 Not Found\r\nContent-Length: 3\r\n\r\nabc"
+    reader = protocol.ResponseReader()
+    stream = chunked + sized
+    answers: list[tuple[int, bytes]] = []
+    for i in range(0, len(stream), 7):  # split anywhere, as TCP may
+        answers += reader.feed(stream[i : i + 7])
+    assert answers == [(200, b"hello world"), (404, b"abc")]
+
+
+def test_sse_scanner_yields_whole_events_and_their_stamps() -> None:
+    stamp = protocol.stamp()
+    frame = (
+        b'data: {"method":"notifications/tasks","params":{"taskId":"x","statusMessage":"'
+        + stamp.encode()
+        + b'"}}\n\n'
+    )
+    ack = b'data: {"method":"notifications/subscriptions/acknowledged"}\n\n'
+    body = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n"
+    body += b"%x\r\n%b\r\n" % (len(ack + frame), ack + frame)
+    scanner = protocol.SseScanner()
+    events = b"".join(scanner.feed(body[i : i + 5]) for i in range(0, len(body), 5))
+    assert scanner.status == 200
+    assert protocol.ACK_MARK in events
+    assert events.count(protocol.STAMP_MARK) == 1
+    assert protocol.frame_stamps(events) == [stamp.removeprefix("t=").encode()]
+
+
+def test_percentiles_are_nearest_rank() -> None:
+    samples = list(range(1, 1001))
+    assert percentile(samples, 50) == 500
+    assert percentile(samples, 99) == 990
+    assert percentile(samples, 99.9) == 999
+    assert percentile([], 99) == 0.0
+    summary = latency_summary([1_000_000] * 10)
+    assert summary["p99_ms"] == 1.0 and summary["samples"] == 10
