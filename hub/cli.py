@@ -71,7 +71,6 @@ def build_server(config: Config, nats_url: str) -> HubServer:
         lifespan="on",
         timeout_graceful_shutdown=int(config.shutdown_grace) + 1,
         http=guarded_protocol(config.header_timeout),
-        timeout_keep_alive=int(config.header_timeout),
         # Beyond the stream limit, plain requests still get room before uvicorn's 503.
         limit_concurrency=config.max_streams + 1024,
     )

@@ -361,11 +361,6 @@ async def test_a_client_trickling_headers_holds_nothing_else_up(served_hub: HubH
         slow.close()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="hub bug: hub/timeouts.py arms the header deadline on connect, but uvicorn's "
-    "data_received cancels that timer on the first byte, so headers may trickle forever",
-)
 async def test_a_client_trickling_headers_is_cut_off_at_the_header_deadline(
     served_hub: HubHarness,
 ) -> None:
@@ -382,3 +377,25 @@ async def test_a_client_trickling_headers_is_cut_off_at_the_header_deadline(
         slow.close()
     assert slow.closed_at is not None and slow.closed_at - started < 1.0 + 1.0
     assert raw == b"" or raw.startswith(b"HTTP/1.1 408 ")
+
+
+async def test_a_kept_alive_connection_trickling_its_next_request_is_cut_off(
+    served_hub: HubHarness,
+) -> None:
+    body = rpc("server/discover", id=1)
+    data = json.dumps(body).encode()
+    slow = await RawClient.connect(served_hub.url)
+    try:
+        await slow.send(request_head(body, len(data)) + data)
+        first = await asyncio.wait_for(slow.reader.readuntil(b"\r\n\r\n"), 2)
+        assert first.startswith(b"HTTP/1.1 200 ")
+        await slow.send(HEAD_START)  # the next request starts, then trickles
+        started = time.monotonic()
+        trickler = asyncio.create_task(slow.trickle(ENDLESS_HEADERS, every=0.1))
+        try:
+            await slow.read_all(timeout=1.0 + 2.0)
+        finally:
+            trickler.cancel()
+    finally:
+        slow.close()
+    assert slow.closed_at is not None and slow.closed_at - started < 1.0 + 1.0
