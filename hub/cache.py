@@ -12,7 +12,6 @@ import heapq
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import timedelta
 from enum import Enum
 
 from bridge.wire import (
@@ -195,4 +194,5 @@ class TaskCache:
 def _expiry(created_at: str, ttl_ms: int | None) -> float | None:
     if ttl_ms is None:
         return None
-    return (parse_timestamp(created_at) + timedelta(milliseconds=ttl_ms)).timestamp()
+    # In float seconds: a legal ttlMs (up to 2**53 - 1) can pass datetime's year 9999.
+    return parse_timestamp(created_at).timestamp() + ttl_ms / 1000
