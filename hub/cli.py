@@ -22,9 +22,9 @@ import uvicorn
 
 from hub.app import create_app
 from hub.config import Config, add_serve_options, config_from_namespace
+from hub.connection import hub_protocol
 from hub.embedded_nats import NatsServerError, NatsServerProcess
 from hub.runtime import Hub
-from hub.timeouts import guarded_protocol
 from hub.workers import run_workers
 
 log = logging.getLogger("taskhub")
@@ -70,7 +70,7 @@ def build_server(config: Config, nats_url: str) -> HubServer:
         access_log=False,
         lifespan="on",
         timeout_graceful_shutdown=int(config.shutdown_grace) + 1,
-        http=guarded_protocol(config.header_timeout),
+        http=hub_protocol(config.header_timeout),
         # Beyond the stream limit, plain requests still get room before uvicorn's 503.
         limit_concurrency=config.max_streams + 1024,
     )

@@ -17,11 +17,12 @@ from hub import jsonrpc
 from hub.auth import Identity
 from hub.cache import TaskSnapshot
 from hub.fanout import Subscriber
+from hub.frames import ack_frame
 from hub.limits import retry_after
 from hub.nats_source import StoreUnavailable
 from hub.protocol import Request
 from hub.runtime import Hub
-from hub.sse import ListenStream, ack_frame
+from hub.sse import ListenStream
 
 SUPPORTED_VERSIONS = ["2026-07-28"]
 TASKS_EXTENSION = "io.modelcontextprotocol/tasks"
@@ -181,13 +182,11 @@ async def subscriptions_listen(hub: Hub, request: Request, identity: Identity) -
         release(subscriber)
         raise
     if hub.closing:
-        subscriber.close()
+        subscriber.finish("shutdown")
     first = ack_frame(subscriber.subscription_id, granted if request.task_ids is not None else None)
     return ListenStream(
         subscriber,
         first,
-        keepalive=hub.config.keepalive,
-        send_timeout=hub.config.send_timeout,
         metrics=hub.metrics,
         on_close=release,
         ends_at=identity.expires_at,  # the stream lives no longer than its token

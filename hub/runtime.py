@@ -48,7 +48,7 @@ class Hub:
         )
         self.streams = StreamLimiter(config.max_streams, per_principal)
         self.closing = False
-        self._sweeper: asyncio.Task[None] | None = None
+        self._background: list[asyncio.Task[None]] = []
 
     @property
     def ready(self) -> bool:
@@ -56,7 +56,10 @@ class Hub:
 
     async def start(self) -> None:
         await self.source.start()
-        self._sweeper = asyncio.create_task(self._sweep_expired())
+        self._background = [
+            asyncio.create_task(self._sweep_expired()),
+            asyncio.create_task(self._tick_streams()),
+        ]
 
     def begin_shutdown(self) -> None:
         """Stop taking subscriptions and end every listen stream gracefully (H63)."""
@@ -69,16 +72,25 @@ class Hub:
         self.begin_shutdown()
         if not await self.fanout.drained(self.config.shutdown_grace):
             log.warning("%d listen streams did not close in time", len(self.fanout))
-        if self._sweeper is not None:
-            self._sweeper.cancel()
+        for task in self._background:
+            task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await self._sweeper
+                await task
         await self.source.close()
 
     async def _sweep_expired(self) -> None:
         while True:
             await asyncio.sleep(self.config.expiry_sweep_interval)
             self.cache.sweep()
+
+    async def _tick_streams(self) -> None:
+        """Keep-alives and stalled-stream checks for every stream, from one task."""
+        keepalive, send_timeout = self.config.keepalive, self.config.send_timeout
+        period = min(1.0, keepalive / 2, send_timeout / 2)
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(period)
+            self.fanout.tick(loop.time(), keepalive, send_timeout)
 
     def _count_rejection(self, reason: Rejected) -> None:
         self.metrics.kv_rejected.inc(1, reason.value)

@@ -1,13 +1,15 @@
 """The `subscriptions/listen` SSE stream: ack, current states, every change, goodbye.
 
-One writer per stream drains the subscriber's coalescing backlog, so a slow client
-only ever delays itself (invariant 5). Frames are spliced from the task's bytes,
-encoded once per revision, and a per-stream prefix; nothing is re-encoded per
-subscriber. No `id:` lines: streams cannot be resumed (H25).
+The stream's own task sends the response head, the ack and the current states (H56),
+then parks: changes reach the socket from the fan-out's flush (hub/fanout.py). The
+task wakes only when that cannot write (socket buffer full, or no direct channel under
+another ASGI server), to await `send` and its drain, and at the end, to send the
+completion result when the hub ends the stream (H63) or the token expires. A slow
+client only ever delays itself (invariant 5).
 
 sse-starlette is not used here: it runs four tasks per stream and patches uvicorn's
-signal handling process-wide, while this stream needs one writer, a precise order
-(ack first, H56) and a completion result on the hub's own shutdown (H63).
+signal handling process-wide, while this stream needs no task of its own while idle,
+a precise order (ack first) and a completion result on the hub's own shutdown.
 """
 
 from __future__ import annotations
@@ -17,66 +19,20 @@ import logging
 import time
 from collections.abc import Callable
 
-import msgspec
-from starlette.types import Message, Receive, Scope, Send
+from starlette.types import Receive, Scope, Send
 
-from hub.cache import TaskSnapshot
+from hub.connection import direct_channel
 from hub.fanout import Subscriber
+from hub.frames import KEEPALIVE_FRAME, completion_frame, task_frames
 from hub.metrics import Metrics
 
 log = logging.getLogger("taskhub.sse")
 
-SUBSCRIPTION_ID_KEY = b'"io.modelcontextprotocol/subscriptionId":'
-KEEPALIVE_FRAME = b":\n\n"
 HEADERS = [
     (b"content-type", b"text/event-stream"),
     (b"cache-control", b"no-cache, no-transform"),
     (b"x-accel-buffering", b"no"),  # H19
 ]
-
-
-def event(payload: bytes) -> bytes:
-    """One SSE event carrying one JSON-RPC message (JSON never contains a raw newline)."""
-    return b"data: " + payload + b"\n\n"
-
-
-def ack_frame(subscription_id: bytes, task_ids: list[str] | None) -> bytes:
-    """`notifications/subscriptions/acknowledged` with the granted subset (H56, H57)."""
-    granted = b"" if task_ids is None else b'"taskIds":' + msgspec.json.encode(task_ids)
-    return event(
-        b'{"jsonrpc":"2.0","method":"notifications/subscriptions/acknowledged","params":{"_meta":{'
-        + SUBSCRIPTION_ID_KEY
-        + subscription_id
-        + b'},"notifications":{'
-        + granted
-        + b"}}}"
-    )
-
-
-def notification_prefix(subscription_id: bytes) -> bytes:
-    return (
-        b'data: {"jsonrpc":"2.0","method":"notifications/tasks","params":{"_meta":{'
-        + SUBSCRIPTION_ID_KEY
-        + subscription_id
-        + b"},"
-    )
-
-
-def task_frame(prefix: bytes, snapshot: TaskSnapshot) -> bytes:
-    """`notifications/tasks` = the same DetailedTask bytes `tasks/get` serves (H60)."""
-    return prefix + snapshot.body[1:] + b"}\n\n"
-
-
-def completion_frame(subscription_id: bytes) -> bytes:
-    """The listen request's own result, sent when the hub ends the stream (H63)."""
-    return event(
-        b'{"jsonrpc":"2.0","id":'
-        + subscription_id
-        + b',"result":{"resultType":"complete","_meta":{'
-        + SUBSCRIPTION_ID_KEY
-        + subscription_id
-        + b"}}}"
-    )
 
 
 class ListenStream:
@@ -87,8 +43,6 @@ class ListenStream:
         subscriber: Subscriber,
         first_frame: bytes,
         *,
-        keepalive: float,
-        send_timeout: float,
         metrics: Metrics,
         on_close: Callable[[Subscriber], None],
         ends_at: float | None = None,
@@ -96,64 +50,83 @@ class ListenStream:
         self.ends_at = ends_at  # epoch seconds: the caller's token expires
         self.subscriber = subscriber
         self.first_frame = first_frame
-        self.keepalive = keepalive
-        self.send_timeout = send_timeout
         self.metrics = metrics
         self.on_close = on_close
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         subscriber = self.subscriber
-        watcher = asyncio.create_task(self._watch_disconnect(receive))
+        subscriber.task = asyncio.current_task()
+        loop = asyncio.get_running_loop()
+        channel = subscriber.channel = direct_channel(scope)
+        watcher = None
+        if channel is not None:
+            channel.on_lost = subscriber.lose
+        else:  # another ASGI server: learn of the disconnect from `receive`
+            watcher = asyncio.create_task(self._watch_disconnect(receive))
+        expiry = None
+        if self.ends_at is not None:
+            delay = max(0.0, self.ends_at - time.time())
+            expiry = loop.call_later(delay, subscriber.finish, "token_expired")
         reason = "client"
         try:
-            await self._send(
-                send, {"type": "http.response.start", "status": 200, "headers": HEADERS}
-            )
+            start = {"type": "http.response.start", "status": 200, "headers": HEADERS}
+            await self._send(send, start)
             await self._write(send, self.first_frame)
-            prefix = notification_prefix(subscriber.subscription_id)
+            subscriber.live = True
             while not subscriber.disconnected:
                 batch = subscriber.take()
                 if batch:
-                    await self._write(send, b"".join(task_frame(prefix, s) for s in batch))
+                    await self._write(send, task_frames(subscriber.prefix, batch))
                     self.metrics.notifications_sent.inc(len(batch))
-                    continue
-                if subscriber.closing or self._expired():
-                    reason = "shutdown" if subscriber.closing else "token_expired"
+                elif subscriber.keepalive_due:
+                    subscriber.keepalive_due = False
+                    await self._write(send, KEEPALIVE_FRAME)
+                elif subscriber.end is not None:
+                    subscriber.live = False
+                    reason = subscriber.end
                     await self._write(send, completion_frame(subscriber.subscription_id))
                     await self._send(send, {"type": "http.response.body", "body": b""})
                     break
-                woken = await subscriber.wait(self._next_wake())
-                if not woken and not self._expired():
-                    await self._write(send, KEEPALIVE_FRAME)  # H20
-        except TimeoutError:
-            reason = "send_timeout"  # a client that stopped reading: free its slot
+                else:
+                    await subscriber.park()
+        except asyncio.CancelledError:
+            if not subscriber.stalled:
+                raise
+            asyncio.current_task().uncancel()  # type: ignore[union-attr]
         except OSError:
-            reason = "client"
+            pass
         finally:
-            watcher.cancel()
+            subscriber.live = False
+            if subscriber.stalled:
+                reason = "send_timeout"  # a client that stopped reading: its slot is free
+            if watcher is not None:
+                watcher.cancel()
+            if expiry is not None:
+                expiry.cancel()
             self.on_close(subscriber)
             self.metrics.streams_closed.inc(1, reason)
-
-    def _expired(self) -> bool:
-        return self.ends_at is not None and time.time() >= self.ends_at
-
-    def _next_wake(self) -> float:
-        if self.ends_at is None:
-            return self.keepalive
-        return max(0.0, min(self.keepalive, self.ends_at - time.time()))
 
     async def _write(self, send: Send, data: bytes) -> None:
         await self._send(send, {"type": "http.response.body", "body": data, "more_body": True})
 
-    async def _send(self, send: Send, message: Message) -> None:
-        if self.subscriber.disconnected:
+    async def _send(self, send: Send, message: dict[str, object]) -> None:
+        """`send`, timed by the fan-out's tick: a client that stops reading is dropped."""
+        subscriber = self.subscriber
+        if subscriber.disconnected:
             raise OSError("client disconnected")
-        async with asyncio.timeout(self.send_timeout):
+        loop = asyncio.get_running_loop()
+        subscriber.blocked_since = loop.time()
+        try:
             await send(message)
+        finally:
+            subscriber.blocked_since = None
+            subscriber.last_write = loop.time()
+        if subscriber.disconnected:
+            raise OSError("client disconnected")
 
     async def _watch_disconnect(self, receive: Receive) -> None:
         while True:
             message = await receive()
             if message["type"] == "http.disconnect":
-                self.subscriber.close(disconnected=True)  # H23: send nothing more
+                self.subscriber.lose()
                 return

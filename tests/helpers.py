@@ -132,9 +132,10 @@ class Served:
         await self.task
 
 
-async def serve_app(app: ASGIApp) -> Served:
+async def serve_app(app: ASGIApp, http: Any = "auto") -> Served:
+    """`app` on a free loopback port; `http` is uvicorn's protocol (class or name)."""
     server = uvicorn.Server(
-        uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on")
+        uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on", http=http)
     )
     task = asyncio.create_task(server.serve())
     await eventually(lambda: server.started or task.done(), timeout=15)
@@ -183,12 +184,19 @@ class HubHarness:
         await self.client.aclose()
 
 
-async def start_hub(nats_url: str, bucket: str, data_dir: Path, **overrides: Any) -> HubHarness:
+async def start_hub(
+    nats_url: str, bucket: str, data_dir: Path, *, asgi_only: bool = False, **overrides: Any
+) -> HubHarness:
+    """A hub app on uvicorn with the hub's connection protocol (hub/connection.py), or
+    with `asgi_only` on uvicorn's own, as under any other ASGI server (no direct writes,
+    no header deadline). `start_served_hub` runs the whole `taskhub serve` server."""
     from hub.app import create_app  # late: unit tests import these helpers too
+    from hub.connection import hub_protocol
 
     config = Config(port=0, bucket=bucket, nats_url=nats_url, data_dir=data_dir, **overrides)
     hub = Hub(config, nats_url)
-    served = await serve_app(create_app(config, nats_url, hub))
+    http = "httptools" if asgi_only else hub_protocol(config.header_timeout)
+    served = await serve_app(create_app(config, nats_url, hub), http)
     server, task, url = served.server, served.task, served.url.removesuffix("/mcp")
     client = httpx.AsyncClient(
         timeout=httpx.Timeout(10.0), limits=httpx.Limits(max_connections=None)
@@ -234,8 +242,8 @@ async def start_served_hub(
     nats_url: str, bucket: str, data_dir: Path, **overrides: Any
 ) -> HubHarness:
     """A hub run exactly as `taskhub serve` runs one (`hub.cli.build_server`: the header
-    deadline protocol, uvicorn's keep-alive and concurrency limits), on a free loopback
-    port in this event loop. `start_hub` serves the bare app with uvicorn's defaults."""
+    connection protocol, keep-alive and concurrency limits), on a free loopback port in
+    this event loop."""
     from hub.cli import build_server  # late: unit tests import these helpers too
 
     overrides.setdefault("log_level", "warning")

@@ -1,6 +1,12 @@
-"""Fan-out registry and per-stream coalescing backlog."""
+"""Fan-out registry, per-stream coalescing backlog, the per-turn flush and the tick.
+
+Writes go to a `DirectChannel` stand-in that records chunks: these are the fan-out's
+decisions (what, when, to whom), not I/O; the real socket path runs in tests/e2e.
+"""
 
 from __future__ import annotations
+
+import asyncio
 
 from hub.cache import TaskSnapshot
 from hub.fanout import Fanout, Subscriber
@@ -11,7 +17,7 @@ def snap(task_id: str, revision: int, status: str = "working") -> TaskSnapshot:
     return TaskSnapshot(task_id, "anonymous", "srv", revision, status, None, b"{}")
 
 
-def test_backlog_keeps_only_the_latest_revision_per_task() -> None:
+async def test_backlog_keeps_only_the_latest_revision_per_task() -> None:
     metrics = Metrics()
     fanout = Fanout(metrics)
     sub = Subscriber(b'"s"', ["a", "b"])
@@ -32,7 +38,7 @@ def test_an_older_revision_never_replaces_a_newer_one() -> None:
     assert [s.revision for s in sub.take()] == [7]
 
 
-def test_only_followers_receive_and_terminal_ends_following() -> None:
+async def test_only_followers_receive_and_terminal_ends_following() -> None:
     fanout = Fanout(Metrics())
     a, b = Subscriber(b"1", ["t1"]), Subscriber(b"2", ["t2"])
     fanout.subscribe(a)
@@ -46,7 +52,7 @@ def test_only_followers_receive_and_terminal_ends_following() -> None:
     assert not a.backlog
 
 
-def test_narrow_unsubscribe_and_forget_release_everything() -> None:
+async def test_narrow_unsubscribe_and_forget_release_everything() -> None:
     metrics = Metrics()
     fanout = Fanout(metrics)
     sub = Subscriber(b"1", ["keep", "drop"])
@@ -62,17 +68,101 @@ def test_narrow_unsubscribe_and_forget_release_everything() -> None:
     assert len(fanout) == 0 and metrics.open_streams.value() == 0
 
 
-async def test_wait_wakes_on_offer_and_times_out_for_keepalive() -> None:
-    sub = Subscriber(b"1", ["a"])
-    assert await sub.wait(0.01) is False
-    sub.offer(snap("a", 1))
-    assert await sub.wait(5) is True
-
-
 def test_close_all_marks_streams_for_a_graceful_end() -> None:
     fanout = Fanout(Metrics())
     subs = [Subscriber(str(i).encode(), ["x"]) for i in range(3)]
     for sub in subs:
         fanout.subscribe(sub)
     fanout.close_all()
-    assert all(sub.closing and not sub.disconnected for sub in subs)
+    assert all(sub.end == "shutdown" and not sub.disconnected for sub in subs)
+
+
+class Channel:
+    """Records what the fan-out writes; `writable` is set by the test."""
+
+    def __init__(self) -> None:
+        self.writable = True
+        self.chunks: list[bytes] = []
+        self.aborted = False
+
+    def write(self, data: bytes) -> None:
+        assert self.writable
+        self.chunks.append(data)
+
+    def abort(self) -> None:
+        self.aborted = True
+
+
+def live(fanout: Fanout, task_ids: list[str]) -> tuple[Subscriber, Channel]:
+    sub = Subscriber(b'"s"', task_ids)
+    channel = Channel()
+    sub.channel = channel  # type: ignore[assignment]
+    sub.live = True
+    fanout.subscribe(sub)
+    return sub, channel
+
+
+async def next_turn() -> None:
+    await asyncio.sleep(0)
+
+
+async def test_one_flush_per_turn_writes_each_stream_one_chunk() -> None:
+    metrics = Metrics()
+    fanout = Fanout(metrics)
+    sub, channel = live(fanout, ["a", "b"])
+    fanout.publish(snap("a", 1))
+    fanout.publish(snap("b", 1))
+    fanout.publish(snap("a", 2))
+    assert channel.chunks == []  # not before the turn ends
+    await next_turn()
+    assert len(channel.chunks) == 1
+    assert channel.chunks[0].count(b"data: ") == 2  # a@2 and b@1, a@1 coalesced away
+    assert metrics.notifications_sent.value() == 2 and not sub.backlog
+
+
+async def test_a_stream_that_cannot_take_a_write_wakes_its_writer_instead() -> None:
+    fanout = Fanout(Metrics())
+    sub, channel = live(fanout, ["a"])
+    channel.writable = False
+    parked = asyncio.create_task(sub.park())
+    await next_turn()
+    fanout.publish(snap("a", 1))
+    await asyncio.wait_for(parked, 5)  # woken: the writer awaits `send` itself
+    assert channel.chunks == [] and [s.revision for s in sub.take()] == [1]
+
+
+async def test_nothing_is_written_before_the_ack_or_while_the_writer_sends() -> None:
+    fanout = Fanout(Metrics())
+    sub, channel = live(fanout, ["a"])
+    sub.live = False  # the writer has not sent the ack yet
+    fanout.publish(snap("a", 1))
+    await next_turn()
+    sub.live, sub.blocked_since = True, 0.0  # the writer is inside `send`
+    fanout.publish(snap("a", 2))
+    await next_turn()
+    assert channel.chunks == [] and [s.revision for s in sub.take()] == [2]
+
+
+def test_tick_sends_keepalives_to_idle_streams_and_drops_stalled_ones() -> None:
+    fanout = Fanout(Metrics())
+    idle, idle_channel = live(fanout, ["a"])
+    busy, busy_channel = live(fanout, ["b"])
+    stuck, stuck_channel = live(fanout, ["c"])
+    idle.last_write, busy.last_write = 0.0, 9.5
+    stuck.blocked_since = 0.0
+    fanout.tick(now=10.0, keepalive=5.0, send_timeout=30.0)
+    assert idle_channel.chunks == [b":\n\n"] and idle.last_write == 10.0
+    assert busy_channel.chunks == [] and not stuck_channel.aborted
+    fanout.tick(now=31.0, keepalive=50.0, send_timeout=30.0)
+    assert stuck.stalled and stuck_channel.aborted
+
+
+async def test_a_keepalive_for_a_stream_that_cannot_take_it_goes_through_its_writer() -> None:
+    fanout = Fanout(Metrics())
+    sub, channel = live(fanout, ["a"])
+    channel.writable = False
+    parked = asyncio.create_task(sub.park())
+    await next_turn()
+    fanout.tick(now=100.0, keepalive=5.0, send_timeout=30.0)
+    await asyncio.wait_for(parked, 5)
+    assert sub.keepalive_due and channel.chunks == []

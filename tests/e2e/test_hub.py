@@ -1,8 +1,14 @@
-"""The hub end to end: values written to NATS by any writer, read over real HTTP and SSE."""
+"""The hub end to end: values written to NATS by any writer, read over real HTTP and SSE.
+
+Every test runs twice: with the hub's connection protocol, where the fan-out writes
+frames straight to the socket, and on uvicorn's own, where every frame goes through the
+ASGI `send` (hub/connection.py).
+"""
 
 from __future__ import annotations
 
 import json
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +25,21 @@ from tests.helpers import (
 )
 
 STATUSES = ["working", "input_required", "completed", "failed", "cancelled"]
+
+
+@pytest.fixture(params=[False, True], ids=["direct", "asgi"])
+def asgi_only(request: pytest.FixtureRequest) -> bool:
+    return bool(request.param)
+
+
+@pytest.fixture
+async def hub(
+    nats_url: str, bucket: str, tmp_path: Path, asgi_only: bool
+) -> AsyncIterator[HubHarness]:
+    harness = await start_hub(nats_url, bucket, tmp_path, asgi_only=asgi_only)
+    await harness.hub.source.wait_caught_up(10)
+    yield harness
+    await harness.stop()
 
 
 async def put(js: Any, bucket: str, task_id: str, data: bytes) -> int:
@@ -129,9 +150,9 @@ async def test_listen_without_task_ids_is_acked_with_nothing(hub: HubHarness) ->
 
 
 async def test_keepalive_comments_flow_on_an_idle_stream(
-    nats_url: str, bucket: str, tmp_path: Path, js: Any
+    nats_url: str, bucket: str, tmp_path: Path, js: Any, asgi_only: bool
 ) -> None:
-    harness = await start_hub(nats_url, bucket, tmp_path, keepalive=0.05)
+    harness = await start_hub(nats_url, bucket, tmp_path, keepalive=0.05, asgi_only=asgi_only)
     try:
         tid = new_task_id()
         async with harness.listen([tid]) as stream:

@@ -3,7 +3,8 @@
 Invariants 2 and 5 under load: 200 concurrent listen streams over 50 tasks each end
 with every terminal state, in order per task; a client that stops reading while
 thousands of updates flow costs bounded memory, delays no other stream, and still
-finds each task's final state when it reads again.
+finds each task's final state when it reads again, unless it stays stalled past
+`--send-timeout`: then its stream is dropped and its slot freed.
 """
 
 from __future__ import annotations
@@ -11,10 +12,21 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+from pathlib import Path
 from typing import Any
 
+import pytest
+
 from bridge.wire import kv_subject
-from tests.helpers import HubHarness, envelope, eventually, headers_for, new_task_id, rpc
+from tests.helpers import (
+    HubHarness,
+    envelope,
+    eventually,
+    headers_for,
+    new_task_id,
+    rpc,
+    start_hub,
+)
 
 STREAMS = 200
 TASKS = 50
@@ -153,3 +165,35 @@ async def test_a_stalled_stream_costs_bounded_memory_and_delays_nobody(
     finally:
         stalled.close()
     await eventually(lambda: len(hub.hub.fanout) == 0)
+
+
+@pytest.mark.parametrize("asgi_only", [False, True], ids=["direct", "asgi"])
+async def test_a_stream_stalled_past_the_send_timeout_is_dropped(
+    nats_url: str, bucket: str, tmp_path: Path, js: Any, asgi_only: bool
+) -> None:
+    harness = await start_hub(
+        nats_url, bucket, tmp_path, send_timeout=1.0, keepalive=0.2, asgi_only=asgi_only
+    )
+    tid = new_task_id()
+    await write(js, bucket, tid, "working", 0)
+    stalled = await open_stalled_listen(harness.url, [tid])
+    try:
+        await eventually(lambda: len(harness.hub.fanout) == 1)
+        async with harness.listen([tid], id="healthy") as healthy:
+            await healthy.next()  # the ack
+            await healthy.next()  # step 0
+            padding = "x" * 200_000
+            step = 0
+            # Fill the stalled client's buffers until the hub's writes block, then wait.
+            while harness.hub.metrics.streams_closed.value("send_timeout") == 0:
+                step += 1
+                await write(js, bucket, tid, "working", step, padding)
+                frame = await healthy.next(timeout=10)  # the healthy stream keeps up
+                assert frame["params"]["statusMessage"].startswith(f"step {step} ")
+                assert step < 500, "the stalled stream was never dropped"
+            await eventually(lambda: len(harness.hub.fanout) == 1)  # only the healthy one
+            await write(js, bucket, tid, "completed", step + 1)
+            assert (await healthy.next(timeout=10))["params"]["status"] == "completed"
+    finally:
+        stalled.close()
+        await harness.stop()

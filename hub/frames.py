@@ -1,0 +1,64 @@
+"""SSE frames of a listen stream, spliced from bytes encoded once per task revision.
+
+Every function here is pure: the per-stream prefix is built once when the stream
+opens, each task's JSON once per revision (hub/cache.py), and a notification is the
+two joined. No `id:` lines: streams cannot be resumed (H25).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import msgspec
+
+from hub.cache import TaskSnapshot
+
+SUBSCRIPTION_ID_KEY = b'"io.modelcontextprotocol/subscriptionId":'
+KEEPALIVE_FRAME = b":\n\n"  # H20: a comment line, ignored by every SSE parser
+
+
+def event(payload: bytes) -> bytes:
+    """One SSE event carrying one JSON-RPC message (JSON never contains a raw newline)."""
+    return b"data: " + payload + b"\n\n"
+
+
+def ack_frame(subscription_id: bytes, task_ids: list[str] | None) -> bytes:
+    """`notifications/subscriptions/acknowledged` with the granted subset (H56, H57)."""
+    granted = b"" if task_ids is None else b'"taskIds":' + msgspec.json.encode(task_ids)
+    return event(
+        b'{"jsonrpc":"2.0","method":"notifications/subscriptions/acknowledged","params":{"_meta":{'
+        + SUBSCRIPTION_ID_KEY
+        + subscription_id
+        + b'},"notifications":{'
+        + granted
+        + b"}}}"
+    )
+
+
+def notification_prefix(subscription_id: bytes) -> bytes:
+    return (
+        b'data: {"jsonrpc":"2.0","method":"notifications/tasks","params":{"_meta":{'
+        + SUBSCRIPTION_ID_KEY
+        + subscription_id
+        + b"},"
+    )
+
+
+def task_frames(prefix: bytes, snapshots: Iterable[TaskSnapshot]) -> bytes:
+    """`notifications/tasks` frames = the same DetailedTask bytes `tasks/get` serves (H60)."""
+    parts: list[bytes] = []
+    for snapshot in snapshots:
+        parts += (prefix, snapshot.body[1:], b"}\n\n")
+    return b"".join(parts)
+
+
+def completion_frame(subscription_id: bytes) -> bytes:
+    """The listen request's own result, sent when the hub ends the stream (H63)."""
+    return event(
+        b'{"jsonrpc":"2.0","id":'
+        + subscription_id
+        + b',"result":{"resultType":"complete","_meta":{'
+        + SUBSCRIPTION_ID_KEY
+        + subscription_id
+        + b"}}}"
+    )
