@@ -1,4 +1,4 @@
-"""The hub's HTTP connections: uvicorn's httptools protocol plus two things it lacks.
+"""The hub's HTTP connections: uvicorn's httptools protocol plus what the hub needs.
 
 Deadlines. uvicorn's only timer is the keep-alive one, armed after a response and
 cancelled by the first byte that arrives, so a client that trickles its headers one
@@ -7,14 +7,17 @@ deadline, from the connection (or the request's first byte on a kept-alive conne
 to the end of its headers, and the idle keep-alive uses the same span. Bodies get
 their own deadline where they are read (hub/app.py).
 
-A direct channel. ASGI's `send` is a coroutine, so pushing a frame through it costs a
-task wake-up per stream and frame; with thousands of streams following one task that
-is most of the hub's CPU. Each request's scope carries a `DirectChannel` under
-`extensions["taskhub.direct"]` through which the fan-out writes chunks of a streaming
-body straight to the socket while the socket takes them, and learns at once when the
-connection is lost. A stream whose socket buffer is full goes back to awaiting `send`,
-which waits for the drain. Under another ASGI server the extension is absent and every
-write takes the ordinary path.
+Direct writes. ASGI's `send` is a coroutine, and uvicorn writes a response's head and
+body in two system calls; pushing a frame through it costs a task wake-up per stream
+and frame, which with thousands of streams following one task is most of the hub's
+CPU. Each request's scope carries this connection's `Connection` under
+`extensions["taskhub.connection"]`: `respond` writes a whole small response in one
+call, and `channel` opens a `DirectChannel` through which the fan-out writes chunks of
+a streaming body straight to the socket while the socket takes them, and which learns
+at once when the connection is lost. A stream whose socket buffer is full goes back to
+awaiting `send`, which waits for the drain. Both keep uvicorn's request cycle in the
+state its own `send` would leave it in. Under another ASGI server the extension is
+absent and everything takes the ordinary path.
 """
 
 from __future__ import annotations
@@ -24,9 +27,14 @@ from collections.abc import Callable
 from typing import Any
 
 from starlette.types import Scope
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
+from uvicorn.protocols.http.httptools_impl import (
+    STATUS_LINE,
+    HttpToolsProtocol,
+    RequestResponseCycle,
+)
 
-DIRECT_CHANNEL = "taskhub.direct"
+CONNECTION = "taskhub.connection"
+RawHeaders = list[tuple[bytes, bytes]]
 
 
 class DirectChannel:
@@ -67,20 +75,75 @@ class DirectChannel:
             self.on_lost()
 
 
-def direct_channel(scope: Scope) -> DirectChannel | None:
-    channel = scope.get("extensions", {}).get(DIRECT_CHANNEL)
-    return channel if isinstance(channel, DirectChannel) else None
+class Connection:
+    """What a request's app may do with its connection beyond ASGI (see the module doc)."""
+
+    __slots__ = ("_channels", "_protocol")
+
+    def __init__(self, protocol: HttpToolsProtocol) -> None:
+        self._protocol = protocol
+        self._channels: list[DirectChannel] = []
+
+    def _cycle_of(self, scope: Scope) -> RequestResponseCycle | None:
+        cycle = self._protocol.cycle
+        # A request pipelined behind this one has no cycle of its own yet: ASGI it is.
+        return cycle if cycle is not None and cycle.scope is scope else None
+
+    def respond(self, scope: Scope, status: int, headers: RawHeaders, body: bytes) -> bool:
+        """The whole response in one write, as uvicorn's `send` would frame it; False
+        (nothing written) when it must go through `send` instead."""
+        cycle = self._cycle_of(scope)
+        if cycle is None or cycle.response_started or cycle.disconnected or cycle.flow.write_paused:
+            return False
+        cycle.response_started = True
+        cycle.waiting_for_100_continue = False
+        parts = [STATUS_LINE[status]]
+        for name, value in (*cycle.default_headers, *headers):
+            parts += (name, b": ", value, b"\r\n")
+            if name == b"connection" and b"close" in value.lower():
+                cycle.keep_alive = False
+        if status not in (204, 304):  # RFC 9110 §8.6: no Content-Length on these
+            parts.append(b"content-length: %d\r\n" % len(body))
+        parts += (b"\r\n", body)
+        cycle.transport.write(b"".join(parts))
+        cycle.response_complete = True
+        cycle.message_event.set()
+        if not cycle.keep_alive:
+            cycle.transport.close()
+        cycle.on_response()
+        return True
+
+    def channel(self, scope: Scope) -> DirectChannel | None:
+        """A direct channel for this request's streaming body, or None (use `send`)."""
+        cycle = self._cycle_of(scope)
+        if cycle is None:
+            return None
+        channel = DirectChannel(cycle)
+        self._channels = [c for c in self._channels if not c.finished]
+        self._channels.append(channel)
+        return channel
+
+    def lost(self) -> None:
+        channels, self._channels = self._channels, []
+        for channel in channels:
+            channel.lost()
+
+
+def connection_of(scope: Scope) -> Connection | None:
+    connection = scope.get("extensions", {}).get(CONNECTION)
+    return connection if isinstance(connection, Connection) else None
 
 
 def hub_protocol(header_timeout: float) -> type[HttpToolsProtocol]:
-    """An httptools protocol with header deadlines and direct channels."""
+    """An httptools protocol with header deadlines and direct writes."""
 
     class HubProtocol(HttpToolsProtocol):
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
             self.timeout_keep_alive = header_timeout  # type: ignore[assignment]
             self._header_deadline: asyncio.TimerHandle | None = None
-            self._channels: list[DirectChannel] = []
+            self._connection = Connection(self)
+            self._extensions = {CONNECTION: self._connection}
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
@@ -88,28 +151,18 @@ def hub_protocol(header_timeout: float) -> type[HttpToolsProtocol]:
 
         def on_message_begin(self) -> None:
             super().on_message_begin()
+            self.scope["extensions"] = self._extensions  # type: ignore[typeddict-item]
             if self._header_deadline is None:  # a later request on a kept-alive connection
                 self._arm_header_deadline()
 
         def on_headers_complete(self) -> None:
             self._disarm_header_deadline()
-            previous = self.cycle
             super().on_headers_complete()
-            cycle = self.cycle
-            if cycle is None or cycle is previous:  # an upgrade: no request cycle
-                return
-            channel = DirectChannel(cycle)
-            cycle.scope.setdefault("extensions", {})[DIRECT_CHANNEL] = channel  # type: ignore[assignment]
-            # Usually one; a request pipelined behind a stream keeps the stream's channel.
-            self._channels = [c for c in self._channels if not c.finished]
-            self._channels.append(channel)
 
         def connection_lost(self, exc: Exception | None) -> None:
             self._disarm_header_deadline()
             super().connection_lost(exc)
-            channels, self._channels = self._channels, []
-            for channel in channels:
-                channel.lost()
+            self._connection.lost()
 
         def _arm_header_deadline(self) -> None:
             self._header_deadline = self.loop.call_later(header_timeout, self._headers_too_slow)

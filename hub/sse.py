@@ -21,7 +21,7 @@ from collections.abc import Callable
 
 from starlette.types import Receive, Scope, Send
 
-from hub.connection import direct_channel
+from hub.connection import connection_of
 from hub.fanout import Subscriber
 from hub.frames import KEEPALIVE_FRAME, completion_frame, task_frames
 from hub.metrics import Metrics
@@ -57,7 +57,8 @@ class ListenStream:
         subscriber = self.subscriber
         subscriber.task = asyncio.current_task()
         loop = asyncio.get_running_loop()
-        channel = subscriber.channel = direct_channel(scope)
+        connection = connection_of(scope)
+        channel = subscriber.channel = None if connection is None else connection.channel(scope)
         watcher = None
         if channel is not None:
             channel.on_lost = subscriber.lose

@@ -7,6 +7,7 @@ ASGI `send` (hub/connection.py).
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -20,7 +21,9 @@ from tests.helpers import (
     HubHarness,
     envelope,
     eventually,
+    headers_for,
     new_task_id,
+    rpc,
     start_hub,
 )
 
@@ -57,6 +60,33 @@ def served(result: dict[str, Any]) -> dict[str, Any]:
     meta = result.pop("_meta")
     assert meta["io.modelcontextprotocol/serverInfo"]["name"] == "taskhub"
     return result
+
+
+async def test_pipelined_requests_get_whole_responses_in_order(
+    hub: HubHarness, js: Any, bucket: str
+) -> None:
+    tid = new_task_id()
+    await put(js, bucket, tid, envelope(tid, statusMessage="here"))
+    requests = b""
+    for n in range(3):
+        body = json.dumps(rpc("tasks/get", {"taskId": tid}, id=n)).encode()
+        head = {**headers_for(rpc("tasks/get", {"taskId": tid})), "Host": "127.0.0.1"}
+        head["Content-Length"] = str(len(body))
+        lines = "".join(f"{name}: {value}\r\n" for name, value in head.items())
+        requests += f"POST /mcp HTTP/1.1\r\n{lines}\r\n".encode() + body
+    host, port = hub.url.removeprefix("http://").split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    try:
+        writer.write(requests)  # all three in one write: pipelined
+        for n in range(3):
+            head_bytes = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+            status, *header_lines = head_bytes.decode().split("\r\n")
+            headers = dict(line.lower().split(": ", 1) for line in header_lines if line)
+            assert status == "HTTP/1.1 200 OK" and "transfer-encoding" not in headers
+            answer = json.loads(await reader.readexactly(int(headers["content-length"])))
+            assert answer["id"] == n and answer["result"]["statusMessage"] == "here"
+    finally:
+        writer.close()
 
 
 async def test_get_right_after_a_write_is_found(hub: HubHarness, js: Any, bucket: str) -> None:
