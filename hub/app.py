@@ -117,7 +117,7 @@ class McpEndpoint:
             await _unauthorized(scope, send, exc, cors)
             return str(exc.status), "-", None
         try:
-            body = await _read_body(receive, config.max_body_bytes, config.body_timeout)
+            body = await _read_body(scope, receive, config.max_body_bytes, config.body_timeout)
         except BodyError as exc:
             err = jsonrpc.RpcError(jsonrpc.INVALID_REQUEST, str(exc), http_status=exc.status)
             # 408: hang up (RFC 9110 §15.5.9), or the slow client keeps the connection by
@@ -209,25 +209,32 @@ async def _unauthorized(scope: Scope, send: Send, exc: AuthError, cors: RawHeade
     await _error(scope, send, None, err, headers)
 
 
-async def _read_body(receive: Receive, limit: int, timeout: float) -> bytes:
+async def _read_body(scope: Scope, receive: Receive, limit: int, timeout: float) -> bytes:
     """The whole request body, within `limit` bytes and `timeout` seconds (slowloris)."""
-    chunks: list[bytes] = []
-    size = 0
+    connection = connection_of(scope)
+    if connection is not None and connection.body_received(scope):
+        return await _collect(receive, limit)  # it came with the headers: nothing to wait for
     try:
         async with asyncio.timeout(timeout):
-            while True:
-                message = await receive()
-                if message["type"] == "http.disconnect":
-                    break
-                chunk = message.get("body", b"")
-                size += len(chunk)
-                if size > limit:
-                    raise BodyError(413, f"Request body larger than {limit} bytes")
-                chunks.append(chunk)
-                if not message.get("more_body", False):
-                    break
+            return await _collect(receive, limit)
     except TimeoutError:
         raise BodyError(408, f"Request body not received within {timeout:g}s") from None
+
+
+async def _collect(receive: Receive, limit: int) -> bytes:
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            break
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise BodyError(413, f"Request body larger than {limit} bytes")
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            break
     return b"".join(chunks)
 
 

@@ -113,6 +113,11 @@ class Connection:
         cycle.on_response()
         return True
 
+    def body_received(self, scope: Scope) -> bool:
+        """True when the whole request body is already here: reading it cannot stall."""
+        cycle = self._cycle_of(scope)
+        return cycle is not None and not cycle.more_body
+
     def channel(self, scope: Scope) -> DirectChannel | None:
         """A direct channel for this request's streaming body, or None (use `send`)."""
         cycle = self._cycle_of(scope)
