@@ -11,8 +11,9 @@ from __future__ import annotations
 import heapq
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from enum import Enum
+
+import msgspec
 
 from bridge.wire import (
     TERMINAL,
@@ -36,8 +37,7 @@ class Rejected(Enum):
     OWNER_CHANGE = "owner_change"
 
 
-@dataclass(frozen=True, slots=True)
-class TaskSnapshot:
+class TaskSnapshot(msgspec.Struct, frozen=True):
     """One revision of one task; `body` is its DetailedTask JSON, shared by every reader."""
 
     task_id: str
