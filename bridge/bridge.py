@@ -31,6 +31,7 @@ from bridge.control import (
     InputHandler,
 )
 from bridge.jetstream import ensure_bucket, ensure_control_stream
+from bridge.publisher import AckedPublisher
 from bridge.states import BridgeEnvelope
 from bridge.wire import (
     DEFAULT_BUCKET,
@@ -49,6 +50,10 @@ from bridge.wire import (
 # JSStreamWrongLastSequenceErrF / ...ConstantErr: someone else wrote the key first.
 _WRONG_LAST_SEQUENCE = frozenset({10071, 10164})
 _EXPECTED_LAST = "Nats-Expected-Last-Subject-Sequence"
+_EXPECTED_STREAM = "Nats-Expected-Stream"
+_MSG_TTL = "Nats-TTL"
+# As nats-py's JetStream default: a write not acknowledged by then raises TimeoutError.
+PUBLISH_TIMEOUT_S = 5.0
 _REMOVED_OPS = frozenset({"DEL", "PURGE"})
 # The server adds a TTL to now in int64 nanoseconds; ~292 years and up wraps around and
 # expires the message at once, so longer lifetimes are capped at a century.
@@ -139,6 +144,7 @@ class TaskBridge:
     ) -> None:
         self._nc = nc
         self._js = nc.jetstream()
+        self._publisher = AckedPublisher(nc, timeout=PUBLISH_TIMEOUT_S)
         self.server_id = server_id
         self.bucket = bucket
         self._stream = kv_stream(bucket)
@@ -213,6 +219,7 @@ class TaskBridge:
 
     async def close(self) -> None:
         await self._control.stop()  # before the connection goes: an in-flight ack needs it
+        await self._publisher.close()
         self._cache.clear()
         if self._owns_connection and not self._nc.is_closed:
             await self._nc.close()
@@ -405,14 +412,12 @@ class TaskBridge:
     async def _publish(
         self, task_id: str, envelope: BridgeEnvelope, last: int, ttl_s: int | None
     ) -> int:
-        ack = await self._js.publish(
-            kv_subject(self.bucket, task_id),
-            encode(envelope),
-            stream=self._stream,
-            headers={_EXPECTED_LAST: str(last)},
-            msg_ttl=ttl_s,
+        headers = {_EXPECTED_STREAM: self._stream, _EXPECTED_LAST: str(last)}
+        if ttl_s is not None:
+            headers[_MSG_TTL] = str(ttl_s)
+        return await self._publisher.publish(
+            kv_subject(self.bucket, task_id), encode(envelope), headers
         )
-        return int(ack.seq)
 
     def _remember(self, task_id: str, revision: int, envelope: BridgeEnvelope) -> None:
         if envelope.task.status in TERMINAL:

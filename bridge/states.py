@@ -60,8 +60,8 @@ def format_timestamp(dt: datetime) -> str:
     """ISO 8601 in UTC with milliseconds and a trailing Z: 2026-11-30T23:04:07.123Z."""
     if dt.tzinfo is None:
         raise ValueError("timestamps need a time zone; pass an aware datetime")
-    utc = dt.astimezone(UTC)
-    return f"{utc:%Y-%m-%dT%H:%M:%S}.{utc.microsecond // 1000:03d}Z"
+    # isoformat is C; the strftime route costs a writer about a tenth of its CPU.
+    return dt.astimezone(UTC).replace(tzinfo=None).isoformat(timespec="milliseconds") + "Z"
 
 
 def _check_duration(name: str, value: int | None) -> None:
