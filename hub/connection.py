@@ -2,9 +2,10 @@
 
 Deadlines. uvicorn's only timer is the keep-alive one, armed after a response and
 cancelled by the first byte that arrives, so a client that trickles its headers one
-byte at a time would keep the connection forever. Every request head here has its own
-deadline, from the connection (or the request's first byte on a kept-alive connection)
-to the end of its headers, and the idle keep-alive uses the same span. Bodies get
+byte at a time would keep the connection forever. Here a connection owes a complete
+request head within `--header-timeout` of being opened or of its previous response
+(which also bounds an idle keep-alive). One sweep per server, four times per deadline,
+closes the overdue, instead of two timers armed and cancelled per request. Bodies get
 their own deadline where they are read (hub/app.py).
 
 Direct writes. ASGI's `send` is a coroutine, and uvicorn writes a response's head and
@@ -141,45 +142,68 @@ def connection_of(scope: Scope) -> Connection | None:
 
 def hub_protocol(header_timeout: float) -> type[HttpToolsProtocol]:
     """An httptools protocol with header deadlines and direct writes."""
+    period = min(1.0, header_timeout / 4)
 
     class HubProtocol(HttpToolsProtocol):
+        # One sweep over this server's connections instead of two timers per request.
+        _sweeper: asyncio.Task[None] | None = None
+
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
-            self.timeout_keep_alive = header_timeout  # type: ignore[assignment]
-            self._header_deadline: asyncio.TimerHandle | None = None
+            # Loop time since which the connection owes us a complete request head:
+            # from the connection, or from the previous response (the idle keep-alive).
+            self._waiting_since: float | None = None
             self._connection = Connection(self)
             self._extensions = {CONNECTION: self._connection}
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
-            self._arm_header_deadline()
+            self._waiting_since = self.loop.time()
+            cls = type(self)
+            if cls._sweeper is None or cls._sweeper.done():
+                cls._sweeper = self.loop.create_task(self._sweep(self.connections))
 
         def on_message_begin(self) -> None:
             super().on_message_begin()
             self.scope["extensions"] = self._extensions  # type: ignore[typeddict-item]
-            if self._header_deadline is None:  # a later request on a kept-alive connection
-                self._arm_header_deadline()
+            if self._waiting_since is None:  # a head pipelined behind a complete one
+                self._waiting_since = self.loop.time()
 
         def on_headers_complete(self) -> None:
-            self._disarm_header_deadline()
+            self._waiting_since = None
             super().on_headers_complete()
 
+        def on_response_complete(self) -> None:
+            # uvicorn's, with the deadline above in place of its keep-alive timer.
+            self.server_state.total_requests += 1
+            if self.transport.is_closing():
+                return
+            self._unset_keepalive_if_required()
+            self.flow.resume_reading()
+            if self.pipeline:
+                cycle, app = self.pipeline.pop()
+                self._start_asgi_task(cycle, app)
+            elif self._waiting_since is None:
+                self._waiting_since = self.loop.time()
+
         def connection_lost(self, exc: Exception | None) -> None:
-            self._disarm_header_deadline()
+            self._waiting_since = None
             super().connection_lost(exc)
             self._connection.lost()
 
-        def _arm_header_deadline(self) -> None:
-            self._header_deadline = self.loop.call_later(header_timeout, self._headers_too_slow)
-
-        def _disarm_header_deadline(self) -> None:
-            if self._header_deadline is not None:
-                self._header_deadline.cancel()
-                self._header_deadline = None
-
-        def _headers_too_slow(self) -> None:
-            self._header_deadline = None
-            if not self.transport.is_closing():
-                self.transport.close()
+        @staticmethod
+        async def _sweep(connections: set[Any]) -> None:
+            """Close connections that owe a request head for longer than the deadline;
+            ends with the last connection (the next one starts it again)."""
+            loop = asyncio.get_running_loop()
+            while connections:
+                await asyncio.sleep(period)
+                overdue = loop.time() - header_timeout
+                for protocol in list(connections):
+                    since = getattr(protocol, "_waiting_since", None)
+                    if since is not None and since <= overdue:
+                        protocol._waiting_since = None
+                        if not protocol.transport.is_closing():
+                            protocol.transport.close()
 
     return HubProtocol
