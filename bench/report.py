@@ -45,7 +45,8 @@ def _fanout(r: dict[str, float]) -> list[Row]:
         ),
         (
             "",
-            f"publish→client p50 / p99 / p99.9 at 50% ({_n(r['latency_rate'])}/s)",
+            f"publish→client p50 / p99 / p99.9 at 50% ({_n(r['latency_rate'])}/s; "
+            f"load generator at {r['latency_client_cores']:.2f} cores)",
             f"{_ms(r['p50_ms'])} / **{_ms(r['p99_ms'])}** / {_ms(r['p999_ms'])} ms",
             f"raw at the same rate {_ms(r['raw_p50_ms'])} / {_ms(r['raw_p99_ms'])} / "
             f"{_ms(r['raw_p999_ms'])} ms",

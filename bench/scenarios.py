@@ -220,6 +220,8 @@ async def fanout(h: Harness, s: Sizes, repeat: int) -> Metrics:
                 run[prefix + key] = half[key]
             if server is hub:
                 run["latency_rate"] = half["rate"]
+                # The load generator's share: near a core, it is the one adding the tail.
+                run["latency_client_cores"] = half["client_cpu_cores"]
             await loadgen.call("listen_close", 60)
             await h.stop(server)
         run["ratio"] = run["hub_rate"] / run["raw_rate"] if run["raw_rate"] else 0.0
