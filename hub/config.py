@@ -205,7 +205,11 @@ _OPTIONS: list[tuple[str, Callable[[str], Any], str]] = [
     ("max-streams-per-principal", _positive_int, "open listen streams per caller (auth on)"),
     ("poll-burst", _non_negative_int, "tasks/get burst per caller and task (0 = no limit)"),
     ("default-poll-interval", _positive_float, "poll pacing (s) for tasks without one"),
-    ("header-timeout", _positive_float, "seconds a client may take to send request headers"),
+    (
+        "header-timeout",
+        _positive_float,
+        "seconds a client may take to send a request head, from connecting or the last response",
+    ),
     ("body-timeout", _positive_float, "seconds a client may take to send a request body"),
     ("nats-user", str, "NATS user"),
     ("nats-password", str, "NATS password"),
