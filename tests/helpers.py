@@ -184,6 +184,22 @@ class HubHarness:
         await self.client.aclose()
 
 
+@contextlib.asynccontextmanager
+async def listening(
+    harness: HubHarness, task_ids: list[str], id: Any = "L", **headers: str
+) -> AsyncIterator[tuple[httpx.Response, SseStream]]:
+    """A listen request with the caller's own headers; yields the response and its events."""
+    body = rpc("subscriptions/listen", {"notifications": {"taskIds": task_ids}}, id=id)
+    request = harness.client.build_request(
+        "POST", harness.url + "/mcp", json=body, headers={**headers_for(body), **headers}
+    )
+    response = await harness.client.send(request, stream=True)
+    try:
+        yield response, SseStream(response)
+    finally:
+        await response.aclose()
+
+
 async def start_hub(
     nats_url: str, bucket: str, data_dir: Path, *, asgi_only: bool = False, **overrides: Any
 ) -> HubHarness:

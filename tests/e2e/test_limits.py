@@ -23,10 +23,10 @@ import pytest
 from bridge.wire import kv_subject
 from tests.helpers import (
     HubHarness,
-    SseStream,
     envelope,
     eventually,
     headers_for,
+    listening,
     mint_token,
     new_task_id,
     rpc,
@@ -52,21 +52,6 @@ def assert_rpc_error(response: httpx.Response, status: int, code: int, id: Any =
 async def discover_ok(harness: HubHarness, **headers: str) -> None:
     response = await harness.call(rpc("server/discover", id="alive"), **headers)
     assert response.status_code == 200 and response.json()["id"] == "alive"
-
-
-@contextlib.asynccontextmanager
-async def listening(
-    harness: HubHarness, task_ids: list[str], id: Any = "L", **headers: str
-) -> AsyncIterator[tuple[httpx.Response, SseStream]]:
-    body = rpc("subscriptions/listen", {"notifications": {"taskIds": task_ids}}, id=id)
-    request = harness.client.build_request(
-        "POST", harness.url + "/mcp", json=body, headers={**headers_for(body), **headers}
-    )
-    response = await harness.client.send(request, stream=True)
-    try:
-        yield response, SseStream(response)
-    finally:
-        await response.aclose()
 
 
 # --- request bodies ------------------------------------------------------------------------

@@ -8,7 +8,6 @@ the wiring: what a caller can learn and do, and what comes back on the wire.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import time
 import uuid
@@ -30,10 +29,9 @@ from bridge.wire import CONTROL_STREAM, control_subject, kv_subject
 from tests.helpers import (
     SUB_KEY,
     HubHarness,
-    SseStream,
     envelope,
     eventually,
-    headers_for,
+    listening,
     mint_token,
     new_task_id,
     rpc,
@@ -105,22 +103,6 @@ async def secured(
     yield Secured(harness, js, bucket, f"srv-{uuid.uuid4().hex[:8]}")
     await harness.stop()
     await nc.close()
-
-
-@contextlib.asynccontextmanager
-async def listening(
-    harness: HubHarness, task_ids: list[str], id: Any = "L", **headers: str
-) -> AsyncIterator[tuple[httpx.Response, SseStream]]:
-    """A listen request with the caller's own headers; yields the response and its events."""
-    body = rpc("subscriptions/listen", {"notifications": {"taskIds": task_ids}}, id=id)
-    request = harness.client.build_request(
-        "POST", harness.url + "/mcp", json=body, headers={**headers_for(body), **headers}
-    )
-    response = await harness.client.send(request, stream=True)
-    try:
-        yield response, SseStream(response)
-    finally:
-        await response.aclose()
 
 
 def assert_auth_error(response: httpx.Response, status: int, challenge: str) -> None:
