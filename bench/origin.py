@@ -14,14 +14,12 @@ Run: `python -m bench.origin --nats-url URL --bucket NAME --port N` (loopback on
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 from collections.abc import Sequence
 from typing import Any
 
 import msgspec
 import uvicorn
-import uvloop
 from mcp.server.context import ServerRequestContext
 from mcp.server.extension import Extension, MethodBinding
 from mcp.server.mcpserver import MCPServer
@@ -29,7 +27,7 @@ from mcp.shared.exceptions import MCPError
 from mcp_types import INVALID_PARAMS, RequestParams
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from bench.processes import raise_fd_limit
+from bench.processes import reference_server_main
 from bench.watch import BucketWatch
 
 TASKS_EXTENSION = "io.modelcontextprotocol/tasks"
@@ -135,15 +133,7 @@ async def serve(nats_url: str, bucket: str, host: str, port: int) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(prog="python -m bench.origin", description=__doc__)
-    parser.add_argument("--nats-url", required=True)
-    parser.add_argument("--bucket", required=True)
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, required=True)
-    args = parser.parse_args()
-    raise_fd_limit()
-    with contextlib.suppress(KeyboardInterrupt):
-        uvloop.run(serve(args.nats_url, args.bucket, args.host, args.port))
+    reference_server_main("python -m bench.origin", __doc__, serve)
 
 
 if __name__ == "__main__":

@@ -8,14 +8,18 @@ and inherited by every child, because 10k streams need 10k sockets on both ends.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import os
 import resource
 import signal
 import sys
+from collections.abc import Callable, Coroutine
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
+
+import uvloop
 
 from hub.embedded_nats import die_with_parent
 
@@ -31,6 +35,24 @@ def raise_fd_limit() -> int:
         with contextlib.suppress(ValueError, OSError):
             resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
     return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+
+
+def reference_server_main(
+    prog: str,
+    description: str | None,
+    serve: Callable[[str, str, str, int], Coroutine[Any, Any, None]],
+) -> None:
+    """The command line of a reference server (`bench.raw_ceiling`, `bench.origin`):
+    `serve(nats_url, bucket, host, port)` on uvloop until a signal stops it."""
+    parser = argparse.ArgumentParser(prog=prog, description=description)
+    parser.add_argument("--nats-url", required=True)
+    parser.add_argument("--bucket", required=True)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, required=True)
+    args = parser.parse_args()
+    raise_fd_limit()
+    with contextlib.suppress(KeyboardInterrupt):
+        uvloop.run(serve(args.nats_url, args.bucket, args.host, args.port))
 
 
 def cpu_times(pid: int) -> tuple[float, float]:

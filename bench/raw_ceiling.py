@@ -13,16 +13,13 @@ Run: `python -m bench.raw_ceiling --nats-url URL --bucket NAME --port N` (loopba
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import contextlib
 import signal
 from typing import cast
 
 import msgspec
-import uvloop
 
-from bench.processes import raise_fd_limit
+from bench.processes import reference_server_main
 from bench.watch import BucketWatch
 
 _SUB_KEY = b'"io.modelcontextprotocol/subscriptionId":'
@@ -240,15 +237,7 @@ async def serve(nats_url: str, bucket: str, host: str, port: int) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(prog="python -m bench.raw_ceiling", description=__doc__)
-    parser.add_argument("--nats-url", required=True)
-    parser.add_argument("--bucket", required=True)
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, required=True)
-    args = parser.parse_args()
-    raise_fd_limit()
-    with contextlib.suppress(KeyboardInterrupt):
-        uvloop.run(serve(args.nats_url, args.bucket, args.host, args.port))
+    reference_server_main("python -m bench.raw_ceiling", __doc__, serve)
 
 
 if __name__ == "__main__":
