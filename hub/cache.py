@@ -23,6 +23,7 @@ from bridge.wire import (
     encode,
     parse_timestamp,
 )
+from hub.jsonrpc import line_safe
 
 # A deleted key remembers its delete revision this long, so a slower read-through of
 # an older value cannot bring the task back.
@@ -117,7 +118,7 @@ class TaskCache:
             self._reject(Rejected.STALE)
             return None
         current = self._tasks.get(key)
-        body = encode(task)
+        body = line_safe(encode(task))
         if current is not None:
             if revision == current.revision:
                 return None  # the same message twice (watch and read-through)

@@ -139,7 +139,26 @@ def rate_limited(message: str, retry_after: str) -> RpcError:
 
 def encode_id(request_id: RequestId) -> bytes:
     """The id as JSON bytes, for splicing into pre-encoded replies and SSE frames."""
-    return _encode(request_id)
+    return line_safe(_encode(request_id))
+
+
+_LINE_SEPARATORS = (
+    (b"\xc2\x85", b"\\u0085"),
+    (b"\xe2\x80\xa8", b"\\u2028"),
+    (b"\xe2\x80\xa9", b"\\u2029"),
+)
+
+
+def line_safe(json_bytes: bytes) -> bytes:
+    """JSON with U+0085, U+2028 and U+2029 escaped: the same value, one SSE line.
+
+    JSON may carry them raw, but clients that split a stream with `str.splitlines`
+    (httpx's `aiter_lines`) would cut a `data:` line there and lose the frame.
+    """
+    for raw, escaped in _LINE_SEPARATORS:
+        if raw in json_bytes:
+            json_bytes = json_bytes.replace(raw, escaped)
+    return json_bytes
 
 
 def encode_error(request_id: RequestId | None, err: RpcError) -> bytes:

@@ -160,3 +160,14 @@ def test_encode_id_round_trips(request_id: jsonrpc.RequestId) -> None:
     assert decoded == request_id and type(decoded) is type(request_id)
     spliced = b'{"id":' + jsonrpc.encode_id(request_id) + b"}"
     assert decode(spliced) == {"id": request_id}
+
+
+@given(st.recursive(st.text() | st.integers(), lambda inner: st.dictionaries(st.text(), inner)))
+def test_line_safe_json_is_the_same_value_on_one_line(value: Any) -> None:
+    safe = jsonrpc.line_safe(msgspec.json.encode(value))
+    assert msgspec.json.decode(safe) == value
+    assert len(safe.decode().splitlines()) == 1  # as str.splitlines-based clients split
+
+
+def test_a_request_id_with_line_separators_is_escaped() -> None:
+    assert jsonrpc.encode_id("a\u2028b\x85c\u2029") == b'"a\\u2028b\\u0085c\\u2029"'

@@ -89,6 +89,20 @@ async def test_pipelined_requests_get_whole_responses_in_order(
         writer.close()
 
 
+async def test_line_separators_in_a_task_survive_line_splitting_clients(
+    hub: HubHarness, js: Any, bucket: str
+) -> None:
+    # SseStream reads with httpx's aiter_lines, which splits at U+0085, U+2028, U+2029.
+    tid = new_task_id()
+    message = "one\u2028two\x85three\u2029four"
+    await put(js, bucket, tid, envelope(tid, statusMessage=message))
+    assert (await hub.get_task(tid)).json()["result"]["statusMessage"] == message
+    async with hub.listen([tid], id="id\u2028with separator") as stream:
+        ack = await stream.next()
+        assert ack["params"]["_meta"][SUB_KEY] == "id\u2028with separator"
+        assert (await stream.next())["params"]["statusMessage"] == message
+
+
 async def test_get_right_after_a_write_is_found(hub: HubHarness, js: Any, bucket: str) -> None:
     tid = new_task_id()
     data = envelope(
