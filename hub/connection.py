@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 from starlette.types import Scope
 from uvicorn.protocols.http.httptools_impl import (
@@ -36,6 +36,8 @@ from uvicorn.protocols.http.httptools_impl import (
 
 CONNECTION = "taskhub.connection"
 RawHeaders = list[tuple[bytes, bytes]]
+# The app's `answer_now(scope, body)`: (status, body, headers, ...) or None to decline.
+AnswerNow = Callable[[Scope, bytes], "tuple[Any, ...] | None"]
 
 
 class DirectChannel:
@@ -155,6 +157,59 @@ def hub_protocol(header_timeout: float) -> type[HttpToolsProtocol]:
             self._waiting_since: float | None = None
             self._connection = Connection(self)
             self._extensions = {CONNECTION: self._connection}
+            # Answering in place: the app's hook, the read in progress, the held request.
+            self._answer_now: AnswerNow | None = getattr(self.app, "answer_now", None)
+            self._reading = False
+            self._held: tuple[RequestResponseCycle, Any] | None = None
+
+        def data_received(self, data: bytes) -> None:
+            self._reading = True
+            try:
+                super().data_received(data)
+            finally:
+                self._reading = False
+                held, self._held = self._held, None
+                if held is not None:  # its body is still on the way: the app reads it
+                    super()._start_asgi_task(*held)
+
+        def _start_asgi_task(self, cycle: RequestResponseCycle, app: Any) -> None:
+            # A POST /mcp request waits for the rest of this read: if its body is in it,
+            # on_message_complete may answer it without an ASGI task at all.
+            if (
+                self._reading
+                and self._held is None
+                and self._answer_now is not None
+                and app is self.app
+                and cycle.scope["method"] == "POST"
+                and cycle.scope["path"] == "/mcp"
+            ):
+                self._held = (cycle, app)
+                return
+            super()._start_asgi_task(cycle, app)
+
+        def on_message_complete(self) -> None:
+            super().on_message_complete()
+            held = self._held
+            if held is None or held[0] is not self.cycle:
+                return
+            self._held = None
+            if not self._answered(held[0]):
+                super()._start_asgi_task(*held)
+
+        def _answered(self, cycle: RequestResponseCycle) -> bool:
+            assert self._answer_now is not None
+            if cycle.response_started or cycle.disconnected or cycle.flow.write_paused:
+                return False  # respond() could not write: leave it all to the app
+            scope = cast(Scope, cycle.scope)
+            try:
+                reply = self._answer_now(scope, bytes(cycle.body))
+            except Exception:
+                self.logger.exception("answering in place failed; the app answers instead")
+                return False
+            if reply is None:
+                return False
+            status, body, headers = reply[0], reply[1], reply[2]
+            return self._connection.respond(scope, status, headers, body)
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)

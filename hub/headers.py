@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import binascii
 import re
+from collections.abc import Iterable
 
 from hub.jsonrpc import RpcError, header_mismatch
 
@@ -17,6 +18,17 @@ SENTINEL_SUFFIX = "?="
 
 # Visible ASCII, space or tab inside; no leading or trailing whitespace. Empty is plain-safe.
 _PLAIN_SAFE = re.compile(r"(?:[\x21-\x7e](?:[\x21-\x7e \t]*[\x21-\x7e])?)?")
+
+
+def header_map(raw: Iterable[tuple[bytes, bytes]]) -> dict[str, str]:
+    """ASGI's header list as a dict by (already lower-case) name; the first of a repeated
+    header wins, as with Starlette's `Headers.get`, for a fraction of its lookup cost."""
+    headers: dict[str, str] = {}
+    for name, value in raw:
+        key = name.decode("latin-1")
+        if key not in headers:
+            headers[key] = value.decode("latin-1")
+    return headers
 
 
 def is_plain_safe(value: str) -> bool:

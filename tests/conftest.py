@@ -65,3 +65,20 @@ async def hub(nats_url: str, bucket: str, tmp_path: Path) -> AsyncIterator[HubHa
     await harness.hub.source.wait_caught_up(10)
     yield harness
     await harness.stop()
+
+
+@pytest.fixture(params=[False, True], ids=["direct", "asgi"])
+def asgi_only(request: pytest.FixtureRequest) -> bool:
+    """Both ways a hub can be served (tests/helpers.py `start_hub`)."""
+    return bool(request.param)
+
+
+@pytest.fixture
+async def hub_on_both(
+    nats_url: str, bucket: str, tmp_path: Path, asgi_only: bool
+) -> AsyncIterator[HubHarness]:
+    """`hub`, once with the hub's connection protocol and once on plain uvicorn."""
+    harness = await start_hub(nats_url, bucket, tmp_path, asgi_only=asgi_only)
+    await harness.hub.source.wait_caught_up(10)
+    yield harness
+    await harness.stop()

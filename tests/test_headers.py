@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from hub.headers import decode_header_value, encode_header_value, is_plain_safe
+from hub.headers import decode_header_value, encode_header_value, header_map, is_plain_safe
 from hub.jsonrpc import HEADER_MISMATCH, RpcError
 
 SPEC_EXAMPLES = [
@@ -95,3 +95,9 @@ def test_decode_never_fails_otherwise(raw: str) -> None:
         decode_header_value(raw)
     except RpcError as err:
         assert err.code == HEADER_MISMATCH
+
+
+def test_header_map_keeps_the_first_of_a_repeated_header() -> None:
+    raw = [(b"mcp-method", b"tasks/get"), (b"origin", b"http://a"), (b"mcp-method", b"other")]
+    assert header_map(raw) == {"mcp-method": "tasks/get", "origin": "http://a"}
+    assert header_map([(b"x", b"caf\xe9")]) == {"x": "café"}  # latin-1, as ASGI sends it

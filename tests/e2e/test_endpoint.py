@@ -1,7 +1,8 @@
 """`POST /mcp` over real HTTP: the header and error matrix of the wire digest §2.5.
 
 The pure rules are unit-tested in tests/test_protocol.py; this table proves the HTTP
-layer maps each to the right status, body and headers, before any SSE byte.
+layer maps each to the right status, body and headers, before any SSE byte, both when
+the connection answers in place and through the ASGI app (tests/conftest.py).
 """
 
 from __future__ import annotations
@@ -14,6 +15,11 @@ import pytest
 from tests.helpers import PROTOCOL, HubHarness, envelope, headers_for, new_task_id, rpc
 
 TID = "0123456789abcdef0123"  # well-formed, never written
+
+
+@pytest.fixture
+def hub(hub_on_both: HubHarness) -> HubHarness:
+    return hub_on_both
 
 
 def listen(**notifications: Any) -> dict[str, Any]:

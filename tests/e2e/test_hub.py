@@ -1,15 +1,13 @@
 """The hub end to end: values written to NATS by any writer, read over real HTTP and SSE.
 
 Every test runs twice: with the hub's connection protocol, where the fan-out writes
-frames straight to the socket, and on uvicorn's own, where every frame goes through the
-ASGI `send` (hub/connection.py).
+frames straight to the socket and cached answers leave without an ASGI task, and on
+uvicorn's own, where everything goes through the ASGI app (hub/connection.py).
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -21,28 +19,16 @@ from tests.helpers import (
     HubHarness,
     envelope,
     eventually,
-    headers_for,
     new_task_id,
-    rpc,
     start_hub,
 )
 
 STATUSES = ["working", "input_required", "completed", "failed", "cancelled"]
 
 
-@pytest.fixture(params=[False, True], ids=["direct", "asgi"])
-def asgi_only(request: pytest.FixtureRequest) -> bool:
-    return bool(request.param)
-
-
 @pytest.fixture
-async def hub(
-    nats_url: str, bucket: str, tmp_path: Path, asgi_only: bool
-) -> AsyncIterator[HubHarness]:
-    harness = await start_hub(nats_url, bucket, tmp_path, asgi_only=asgi_only)
-    await harness.hub.source.wait_caught_up(10)
-    yield harness
-    await harness.stop()
+def hub(hub_on_both: HubHarness) -> HubHarness:
+    return hub_on_both
 
 
 async def put(js: Any, bucket: str, task_id: str, data: bytes) -> int:
@@ -60,33 +46,6 @@ def served(result: dict[str, Any]) -> dict[str, Any]:
     meta = result.pop("_meta")
     assert meta["io.modelcontextprotocol/serverInfo"]["name"] == "taskhub"
     return result
-
-
-async def test_pipelined_requests_get_whole_responses_in_order(
-    hub: HubHarness, js: Any, bucket: str
-) -> None:
-    tid = new_task_id()
-    await put(js, bucket, tid, envelope(tid, statusMessage="here"))
-    requests = b""
-    for n in range(3):
-        body = json.dumps(rpc("tasks/get", {"taskId": tid}, id=n)).encode()
-        head = {**headers_for(rpc("tasks/get", {"taskId": tid})), "Host": "127.0.0.1"}
-        head["Content-Length"] = str(len(body))
-        lines = "".join(f"{name}: {value}\r\n" for name, value in head.items())
-        requests += f"POST /mcp HTTP/1.1\r\n{lines}\r\n".encode() + body
-    host, port = hub.url.removeprefix("http://").split(":")
-    reader, writer = await asyncio.open_connection(host, int(port))
-    try:
-        writer.write(requests)  # all three in one write: pipelined
-        for n in range(3):
-            head_bytes = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
-            status, *header_lines = head_bytes.decode().split("\r\n")
-            headers = dict(line.lower().split(": ", 1) for line in header_lines if line)
-            assert status == "HTTP/1.1 200 OK" and "transfer-encoding" not in headers
-            answer = json.loads(await reader.readexactly(int(headers["content-length"])))
-            assert answer["id"] == n and answer["result"]["statusMessage"] == "here"
-    finally:
-        writer.close()
 
 
 async def test_line_separators_in_a_task_survive_line_splitting_clients(

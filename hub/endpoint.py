@@ -1,0 +1,277 @@
+"""`POST /mcp`: Streamable HTTP 2026-07-28, stateless, with no framework in the way.
+
+Checks run in the order of the wire digest §2.5, all before any SSE byte: method
+(405, CORS preflight), Origin (403), credentials (401), body (413/408), then the
+message itself (hub/protocol.py) and its method (hub/handlers.py). Every check but the
+body read and the dispatch is a plain function returning either what the next step
+needs or the finished `Reply`, so the same code serves two entries:
+
+- `__call__`, the ASGI app, for everything;
+- `answer_now`, for the connection (hub/connection.py) once a whole request has
+  arrived: it answers what needs no I/O (a `tasks/get` of the caller's own cached
+  task, `server/discover`, every refusal) without starting an ASGI task, and declines
+  the rest, before any side effect, to `__call__`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from typing import NamedTuple
+
+from starlette.types import Message, Receive, Scope, Send
+
+from hub import handlers, jsonrpc
+from hub.auth import AuthError, Identity, credentials_from
+from hub.connection import connection_of
+from hub.cors import is_preflight, preflight_headers
+from hub.cors import response_headers as cors_response_headers
+from hub.headers import header_map
+from hub.protocol import Notification, Request, RequestError, parse_request
+from hub.runtime import Hub
+from hub.sse import ListenStream
+
+ANONYMOUS = Identity("anonymous", None)  # every caller when authentication is off
+KNOWN_METHODS = frozenset(
+    {"server/discover", "tasks/get", "tasks/update", "tasks/cancel", "subscriptions/listen"}
+)
+JSON = (b"content-type", b"application/json")
+RawHeaders = list[tuple[bytes, bytes]]
+
+
+class Reply(NamedTuple):
+    """A finished answer, with the outcome and method labels for the request metric."""
+
+    status: int
+    body: bytes
+    headers: RawHeaders
+    outcome: str
+    method: str = "-"
+
+
+class BodyError(Exception):
+    """The body could not be read whole: too large (413) or too slow (408)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class McpEndpoint:
+    def __init__(self, hub: Hub) -> None:
+        self.hub = hub
+        self.config = hub.config
+        self.cors_origins = frozenset(hub.config.cors_origins)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        headers = header_map(scope["headers"])
+        origin = headers.get("origin")
+        cors = [] if origin is None else self._cors(origin)
+        identity = self._admit(scope["method"], headers, origin, cors)
+        if isinstance(identity, Reply):
+            return await self._reply(scope, send, identity)
+        config = self.config
+        try:
+            body = await _read_body(scope, receive, config.max_body_bytes, config.body_timeout)
+        except BodyError as exc:
+            return await self._reply(scope, send, _body_refused(exc, cors))
+        request = self._parse(headers, body, cors)
+        if isinstance(request, Reply):
+            return await self._reply(scope, send, request)
+        try:
+            answer = await self._dispatch(request, identity)
+        except jsonrpc.RpcError as err:
+            return await self._reply(scope, send, _error(request.id, err, cors, request.method))
+        if isinstance(answer, ListenStream):
+            self.hub.metrics.requests.inc(1, request.method, "ok")
+            # A listen stream answers on `send` itself: its response needs the CORS headers too.
+            await answer(scope, receive, _adding(send, cors))
+            return
+        await self._reply(scope, send, Reply(200, answer, [JSON, *cors], "ok", request.method))
+
+    def answer_now(self, scope: Scope, body: bytes) -> Reply | None:
+        """The reply to a whole `POST /mcp` request if no I/O is needed; else None, with
+        nothing done that `__call__` would then do again."""
+        reply = self._reply_now(scope, body)
+        if reply is not None:
+            self.hub.metrics.requests.inc(1, reply.method, reply.outcome)
+        return reply
+
+    def _reply_now(self, scope: Scope, body: bytes) -> Reply | None:
+        headers = header_map(scope["headers"])
+        origin = headers.get("origin")
+        cors = [] if origin is None else self._cors(origin)
+        identity = self._admit(scope["method"], headers, origin, cors)
+        if isinstance(identity, Reply):
+            return identity
+        if len(body) > self.config.max_body_bytes:
+            return _body_refused(_too_large(self.config.max_body_bytes), cors)
+        request = self._parse(headers, body, cors)
+        if isinstance(request, Reply):
+            return request
+        try:
+            answer = self._dispatch_now(request, identity)
+        except jsonrpc.RpcError as err:
+            return _error(request.id, err, cors, request.method)
+        if answer is None:
+            return None
+        return Reply(200, answer, [JSON, *cors], "ok", request.method)
+
+    # -- the steps -----------------------------------------------------------------------
+
+    def _admit(
+        self, method: str, headers: Mapping[str, str], origin: str | None, cors: RawHeaders
+    ) -> Identity | Reply:
+        """Method, Origin and credentials: who is asking, or the refusal."""
+        if method != "POST":  # H2
+            if is_preflight(method, headers):
+                allowed = preflight_headers(origin, self.cors_origins)
+                return Reply(204 if allowed else 403, b"", _encode_headers(allowed), "preflight")
+            return Reply(405, b"", [(b"allow", b"POST"), *cors], "405")
+        if origin is not None and not self.config.origin_allowed(origin):  # H4
+            err = jsonrpc.RpcError(jsonrpc.INVALID_REQUEST, "Origin not allowed", http_status=403)
+            return _error(None, err, cors, outcome="403")
+        try:
+            return self._authenticate(headers)
+        except AuthError as exc:  # H67: the RFC 6750 challenge, and the same in JSON-RPC
+            message = "Unauthorized" + (f": {exc.description}" if exc.description else "")
+            err = jsonrpc.RpcError(jsonrpc.UNAUTHORIZED, message, http_status=exc.status)
+            challenge = [(b"www-authenticate", exc.www_authenticate().encode()), *cors]
+            return _error(None, err, challenge, outcome=str(exc.status))
+
+    def _authenticate(self, headers: Mapping[str, str]) -> Identity:
+        authenticator = self.hub.authenticator
+        if authenticator is None:
+            return ANONYMOUS
+        credentials = credentials_from(
+            "POST",
+            headers,
+            own_origin=self.config.own_origin,
+            allowed_origins=self.cors_origins,
+        )
+        if credentials is None:
+            raise AuthError.missing()
+        return authenticator.authenticate(credentials[0])
+
+    def _parse(self, headers: Mapping[str, str], body: bytes, cors: RawHeaders) -> Request | Reply:
+        try:
+            message = parse_request(headers, body)
+        except RequestError as exc:
+            return _error(exc.request_id, exc.error, cors, _method_label(exc.method))
+        if isinstance(message, Notification):  # H6
+            return Reply(202, b"", cors, "accepted", "notification")
+        return message
+
+    async def _dispatch(self, request: Request, identity: Identity) -> bytes | ListenStream:
+        hub, principal = self.hub, identity.principal
+        if request.method == "server/discover":
+            return handlers.discover(request)
+        if request.method == "tasks/get":
+            return await handlers.tasks_get(hub, request, principal)
+        if request.method == "tasks/update":
+            return await handlers.tasks_update(hub, request, principal)
+        if request.method == "tasks/cancel":
+            return await handlers.tasks_cancel(hub, request, principal)
+        if request.method == "subscriptions/listen":
+            return await handlers.subscriptions_listen(hub, request, identity)
+        raise jsonrpc.method_not_found(request.method)
+
+    def _dispatch_now(self, request: Request, identity: Identity) -> bytes | None:
+        if request.method == "server/discover":
+            return handlers.discover(request)
+        if request.method == "tasks/get":
+            return handlers.tasks_get_cached(self.hub, request, identity.principal)
+        return None
+
+    def _cors(self, origin: str) -> RawHeaders:
+        return _encode_headers(cors_response_headers(origin, self.cors_origins))
+
+    async def _reply(self, scope: Scope, send: Send, reply: Reply) -> None:
+        self.hub.metrics.requests.inc(1, reply.method, reply.outcome)
+        await respond(scope, send, reply.status, reply.body, reply.headers)
+
+
+async def respond(scope: Scope, send: Send, status: int, body: bytes, headers: RawHeaders) -> None:
+    """A complete response: in one write where the connection allows (hub/connection.py)."""
+    connection = connection_of(scope)
+    if connection is not None and connection.respond(scope, status, headers, body):
+        return
+    if status not in (204, 304):
+        headers = [*headers, (b"content-length", b"%d" % len(body))]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+def _error(
+    request_id: jsonrpc.RequestId | None,
+    err: jsonrpc.RpcError,
+    extra: RawHeaders,
+    method: str = "-",
+    outcome: str | None = None,
+) -> Reply:
+    headers = [JSON, *_encode_headers(err.headers), *extra]
+    body = jsonrpc.encode_error(request_id, err)
+    return Reply(err.http_status, body, headers, outcome or str(err.code), method)
+
+
+def _body_refused(exc: BodyError, cors: RawHeaders) -> Reply:
+    err = jsonrpc.RpcError(jsonrpc.INVALID_REQUEST, str(exc), http_status=exc.status)
+    # 408: hang up (RFC 9110 §15.5.9), or the slow client keeps the connection by
+    # trickling on. Not 413: a client still sending would get a reset, not the answer.
+    close = [(b"connection", b"close")] if exc.status == 408 else []
+    return _error(None, err, [*close, *cors], outcome=str(exc.status))
+
+
+def _too_large(limit: int) -> BodyError:
+    return BodyError(413, f"Request body larger than {limit} bytes")
+
+
+def _encode_headers(headers: dict[str, str]) -> RawHeaders:
+    return [(k.lower().encode(), v.encode("latin-1")) for k, v in headers.items()]
+
+
+def _method_label(method: str | None) -> str:
+    """Keep the metric's label set bounded: unknown methods share one label."""
+    return method if method in KNOWN_METHODS else "-"
+
+
+def _adding(send: Send, headers: RawHeaders) -> Send:
+    """`send`, with `headers` added to the response start."""
+    if not headers:
+        return send
+
+    async def send_with_headers(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            message = {**message, "headers": [*message.get("headers", ()), *headers]}
+        await send(message)
+
+    return send_with_headers
+
+
+async def _read_body(scope: Scope, receive: Receive, limit: int, timeout: float) -> bytes:
+    """The whole request body, within `limit` bytes and `timeout` seconds (slowloris)."""
+    connection = connection_of(scope)
+    if connection is not None and connection.body_received(scope):
+        return await _collect(receive, limit)  # it came with the headers: nothing to wait for
+    try:
+        async with asyncio.timeout(timeout):
+            return await _collect(receive, limit)
+    except TimeoutError:
+        raise BodyError(408, f"Request body not received within {timeout:g}s") from None
+
+
+async def _collect(receive: Receive, limit: int) -> bytes:
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            break
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise _too_large(limit)
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            break
+    return b"".join(chunks)

@@ -1,0 +1,122 @@
+"""hub/connection.py end to end: what the hub's HTTP connections do beyond uvicorn's.
+
+Whole answers leave in one piece, in order, also when requests are pipelined; a
+request that needs no I/O is answered by the connection itself, without the ASGI app;
+everything else goes through the app exactly as on plain uvicorn.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from starlette.types import Receive, Scope, Send
+
+from bridge.wire import kv_subject
+from hub.app import HubApp
+from hub.endpoint import McpEndpoint, Reply
+from tests.helpers import (
+    HubHarness,
+    envelope,
+    headers_for,
+    new_task_id,
+    rpc,
+    start_served_hub,
+)
+
+
+class CountingEndpoint:
+    """The hub's own endpoint, counting which way each request took."""
+
+    def __init__(self, inner: McpEndpoint) -> None:
+        self.inner = inner
+        self.hub = inner.hub
+        self.through_app = 0
+        self.in_place = 0
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        self.through_app += 1
+        await self.inner(scope, receive, send)
+
+    def answer_now(self, scope: Scope, body: bytes) -> Reply | None:
+        reply = self.inner.answer_now(scope, body)
+        self.in_place += reply is not None
+        return reply
+
+
+@pytest.fixture
+async def served(nats_url: str, bucket: str, tmp_path: Path) -> AsyncIterator[HubHarness]:
+    harness = await start_served_hub(nats_url, bucket, tmp_path)
+    await harness.hub.source.wait_caught_up(10)
+    yield harness
+    await harness.stop()
+
+
+def counting(harness: HubHarness) -> CountingEndpoint:
+    app = harness.server.config.loaded_app
+    assert isinstance(app, HubApp)
+    counter = CountingEndpoint(app.mcp)
+    app.mcp = counter  # type: ignore[assignment]
+    return counter
+
+
+async def test_a_cached_task_is_answered_in_place_and_the_rest_by_the_app(
+    served: HubHarness, js: Any, bucket: str
+) -> None:
+    tid = new_task_id()
+    await js.publish(kv_subject(bucket, tid), envelope(tid, statusMessage="cached"))
+    counter = counting(served)
+    unknown = await served.get_task(new_task_id(), id="miss")  # a store read: the app
+    assert unknown.json()["error"]["code"] == -32602
+    assert (counter.in_place, counter.through_app) == (0, 1)
+    for n in range(3):
+        response = await served.get_task(tid, id=n)
+        assert response.json()["result"]["statusMessage"] == "cached"
+        assert response.headers["content-length"] == str(len(response.content))
+    discover = await served.call(rpc("server/discover", id="d"))
+    assert discover.status_code == 200
+    refused = await served.call(rpc("tasks/get", {"taskId": tid}, id="x"), **{"Mcp-Name": "other"})
+    assert refused.status_code == 400  # header mismatch, refused in place
+    assert (counter.in_place, counter.through_app) == (5, 1)
+    cancel = await served.call(rpc("tasks/cancel", {"taskId": tid}, id="c"))
+    assert cancel.status_code == 200  # forwarded on the control stream: the app
+    assert (counter.in_place, counter.through_app) == (5, 2)
+    metrics = (await served.client.get(served.url + "/metrics")).text
+    assert 'taskhub_requests_total{method="tasks/get",outcome="ok"} 3' in metrics
+
+
+async def test_pipelined_requests_get_whole_responses_in_order(
+    hub_on_both: HubHarness, js: Any, bucket: str
+) -> None:
+    tid, missing = new_task_id(), new_task_id()
+    await js.publish(kv_subject(bucket, tid), envelope(tid, statusMessage="here"))
+    # In place, through the app (a store read), in place: still answered in order.
+    asked = [tid, tid, missing, tid, missing, tid]
+    requests = b""
+    for n, task_id in enumerate(asked):
+        body = json.dumps(rpc("tasks/get", {"taskId": task_id}, id=n)).encode()
+        head = {**headers_for(rpc("tasks/get", {"taskId": task_id})), "Host": "127.0.0.1"}
+        head["Content-Length"] = str(len(body))
+        lines = "".join(f"{name}: {value}\r\n" for name, value in head.items())
+        requests += f"POST /mcp HTTP/1.1\r\n{lines}\r\n".encode() + body
+    host, port = hub_on_both.url.removeprefix("http://").split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    try:
+        writer.write(requests)  # all in one write: pipelined
+        for n, task_id in enumerate(asked):
+            head_bytes = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+            status, *header_lines = head_bytes.decode().split("\r\n")
+            headers = dict(line.lower().split(": ", 1) for line in header_lines if line)
+            assert status == "HTTP/1.1 200 OK" and "transfer-encoding" not in headers
+            answer = json.loads(await reader.readexactly(int(headers["content-length"])))
+            assert answer["id"] == n
+            if task_id == tid:
+                assert answer["result"]["statusMessage"] == "here"
+            else:
+                assert answer["error"]["code"] == -32602
+    finally:
+        writer.close()
