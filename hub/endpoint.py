@@ -64,30 +64,44 @@ class McpEndpoint:
         self.cors_origins = frozenset(hub.config.cors_origins)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        cors, stream = await self._answer(scope, receive, send)
+        if stream is not None:
+            # Run here, not in _answer: a stream lives for hours, the request's body,
+            # headers and parsed params need not. It answers on `send` itself, so its
+            # response needs the CORS headers too.
+            await stream(scope, receive, _adding(send, cors))
+
+    async def _answer(
+        self, scope: Scope, receive: Receive, send: Send
+    ) -> tuple[RawHeaders, ListenStream | None]:
+        """Answer the request, or return the listen stream that will (and its CORS)."""
         headers = header_map(scope["headers"])
         origin = headers.get("origin")
         cors = [] if origin is None else self._cors(origin)
         identity = self._admit(scope["method"], headers, origin, cors)
         if isinstance(identity, Reply):
-            return await self._reply(scope, send, identity)
+            await self._reply(scope, send, identity)
+            return cors, None
         config = self.config
         try:
             body = await _read_body(scope, receive, config.max_body_bytes, config.body_timeout)
         except BodyError as exc:
-            return await self._reply(scope, send, _body_refused(exc, cors))
+            await self._reply(scope, send, _body_refused(exc, cors))
+            return cors, None
         request = self._parse(headers, body, cors)
         if isinstance(request, Reply):
-            return await self._reply(scope, send, request)
+            await self._reply(scope, send, request)
+            return cors, None
         try:
             answer = await self._dispatch(request, identity)
         except jsonrpc.RpcError as err:
-            return await self._reply(scope, send, _error(request.id, err, cors, request.method))
+            await self._reply(scope, send, _error(request.id, err, cors, request.method))
+            return cors, None
         if isinstance(answer, ListenStream):
             self.hub.metrics.requests.inc(1, request.method, "ok")
-            # A listen stream answers on `send` itself: its response needs the CORS headers too.
-            await answer(scope, receive, _adding(send, cors))
-            return
+            return cors, answer
         await self._reply(scope, send, Reply(200, answer, [JSON, *cors], "ok", request.method))
+        return cors, None
 
     def answer_now(self, scope: Scope, body: bytes) -> Reply | None:
         """The reply to a whole `POST /mcp` request if no I/O is needed; else None, with
