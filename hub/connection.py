@@ -101,13 +101,17 @@ class Connection:
         cycle.response_started = True
         cycle.waiting_for_100_continue = False
         parts = [STATUS_LINE[status]]
+        closing = False
         for name, value in (*cycle.default_headers, *headers):
             parts += (name, b": ", value, b"\r\n")
             if name == b"connection" and b"close" in value.lower():
-                cycle.keep_alive = False
+                closing = True
+        if not cycle.keep_alive and not closing:  # the client asked to close (or HTTP/1.0)
+            parts.append(b"connection: close\r\n")
+        cycle.keep_alive = cycle.keep_alive and not closing
         if status not in (204, 304):  # RFC 9110 §8.6: no Content-Length on these
             parts.append(b"content-length: %d\r\n" % len(body))
-        parts += (b"\r\n", body)
+        parts += (b"\r\n", b"" if cycle.scope["method"] == "HEAD" else body)
         cycle.transport.write(b"".join(parts))
         cycle.response_complete = True
         cycle.message_event.set()

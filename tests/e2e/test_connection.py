@@ -120,3 +120,28 @@ async def test_pipelined_requests_get_whole_responses_in_order(
                 assert answer["error"]["code"] == -32602
     finally:
         writer.close()
+
+
+@pytest.mark.parametrize("version", ["HTTP/1.1", "HTTP/1.0"])
+async def test_a_client_that_asks_to_close_gets_connection_close_and_a_hang_up(
+    hub_on_both: HubHarness, js: Any, bucket: str, version: str
+) -> None:
+    tid = new_task_id()
+    await js.publish(kv_subject(bucket, tid), envelope(tid, statusMessage="bye"))
+    body = json.dumps(rpc("tasks/get", {"taskId": tid}, id=1)).encode()
+    head = {**headers_for(rpc("tasks/get", {"taskId": tid})), "Host": "127.0.0.1"}
+    head["Content-Length"] = str(len(body))
+    if version == "HTTP/1.1":
+        head["Connection"] = "close"
+    lines = "".join(f"{name}: {value}\r\n" for name, value in head.items())
+    host, port = hub_on_both.url.removeprefix("http://").split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    try:
+        writer.write(f"POST /mcp {version}\r\n{lines}\r\n".encode() + body)
+        raw = await asyncio.wait_for(reader.read(), 10)  # returns only once the hub hangs up
+    finally:
+        writer.close()
+    head_bytes, _, payload = raw.partition(b"\r\n\r\n")
+    headers = [line.lower() for line in head_bytes.decode().split("\r\n")[1:]]
+    assert "connection: close" in headers
+    assert json.loads(payload)["result"]["statusMessage"] == "bye"
