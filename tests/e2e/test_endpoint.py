@@ -1,6 +1,6 @@
 """`POST /mcp` over real HTTP: the header and error matrix of the wire digest §2.5.
 
-The pure rules are unit-tested in tests/test_protocol.py; this table proves the HTTP
+The pure rules are unit-tested in tests/test_protocol*.py; this table proves the HTTP
 layer maps each to the right status, body and headers, before any SSE byte, both when
 the connection answers in place and through the ASGI app (tests/conftest.py).
 """

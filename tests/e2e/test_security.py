@@ -2,7 +2,7 @@
 
 One authenticated hub serves most tests (module fixture); tests that need other settings
 start their own. Every request goes over real HTTP to a hub watching a real nats-server.
-The pure rules are unit-tested in tests/test_auth.py and tests/test_cors.py; this file proves
+The pure rules are unit-tested in tests/test_auth_*.py and tests/test_cors.py; this file proves
 the wiring: what a caller can learn and do, and what comes back on the wire.
 """
 
