@@ -97,3 +97,23 @@ def test_percentiles_are_nearest_rank() -> None:
     assert percentile([], 99) == 0.0
     summary = latency_summary([1_000_000] * 10)
     assert summary["p99_ms"] == 1.0 and summary["samples"] == 10
+
+
+@pytest.mark.timeout(90)
+def test_latency_against_rate_prints_a_row_per_rate() -> None:
+    args = ["--streams", "20", "--tasks", "2", "--rates", "200", "400", "--seconds", "1"]
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.latency", *args],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=80,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    rows = [
+        line
+        for line in done.stdout.splitlines()
+        if line.startswith("| 2") or line.startswith("| 4")
+    ]
+    assert [row.split(" | ")[0] for row in rows] == ["| 200", "| 400"]
+    assert all(row.count(" ms") == 2 for row in rows)  # hub and raw, each p50 / p99
