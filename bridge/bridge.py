@@ -20,6 +20,7 @@ from typing import Any, Self
 import msgspec
 import nats
 from nats.aio.client import Client
+from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js.errors import APIError, NotFoundError
 
 from bridge import states
@@ -285,8 +286,17 @@ class TaskBridge:
             status_message=status_message,
         )
         envelope = BridgeEnvelope(owner=owner, server=self.server_id, task=task)
-        # Expected last sequence 0 = KV create: the key must not exist.
-        revision = await self._publish(task_id, envelope, 0, message_ttl(task, now))
+        try:
+            # Expected last sequence 0 = KV create: the key must not exist.
+            revision = await self._publish(task_id, envelope, 0, message_ttl(task, now))
+        except NatsTimeoutError:
+            # The write may have landed with its ack lost. The id is new and ours alone,
+            # so whatever is stored under it is this create: report it rather than have
+            # the caller retry and leave this task orphaned.
+            entry = await self._read(task_id)
+            if entry is None:
+                raise
+            revision, envelope = entry
         self._remember(task_id, revision, envelope)
         return _record(task_id, revision, envelope)
 

@@ -11,6 +11,7 @@ from typing import Any
 import msgspec
 import pytest
 from nats.aio.client import Client
+from nats.errors import TimeoutError as NatsTimeoutError
 
 from bridge import (
     InputKeyReused,
@@ -22,6 +23,7 @@ from bridge import (
     TerminalStateError,
 )
 from bridge.bridge import MAX_MESSAGE_TTL_S, message_ttl
+from bridge.publisher import AckedPublisher
 from bridge.states import new_task
 from bridge.wire import TaskError, decode_envelope, kv_stream, kv_subject
 
@@ -360,3 +362,37 @@ async def test_the_bridge_creates_its_resources(
     assert await attached.get(record.task_id) == record
     await attached.close()
     assert nc.is_connected  # attach() only borrowed it
+
+
+class AckLosingPublisher(AckedPublisher):
+    """Stores the write (or not), then reports the timeout a lost ack would cause."""
+
+    def __init__(self, nc: Client, *, lands: bool) -> None:
+        super().__init__(nc, timeout=5)
+        self.lands = lands
+
+    async def publish(self, subject: str, payload: bytes, headers: dict[str, str]) -> int:
+        if self.lands:
+            await super().publish(subject, payload, headers)
+        raise NatsTimeoutError()
+
+
+@pytest.mark.parametrize("lands", [True, False], ids=["landed", "lost"])
+async def test_a_create_whose_ack_is_lost_reports_what_was_stored(
+    nc: Client, js: Any, server_id: str, bucket: str, lands: bool
+) -> None:
+    bridge = await TaskBridge.attach(nc, server_id, bucket=bucket)
+    bridge._publisher = AckLosingPublisher(nc, lands=lands)
+    try:
+        if lands:  # stored: the caller gets the task, and has no reason to create another
+            record = await bridge.create(owner="alice")
+            stored = await js.get_msg(kv_stream(bucket), subject=kv_subject(bucket, record.task_id))
+            assert stored.seq == record.revision
+            assert decode_envelope(record.task_id, stored.data).owner == "alice"
+        else:  # not stored: the timeout stands, and a retry cannot orphan anything
+            with pytest.raises(NatsTimeoutError):
+                await bridge.create(owner="alice")
+            assert (await js.stream_info(kv_stream(bucket))).state.messages == 0
+    finally:
+        await bridge._publisher.close()
+        await bridge.close()
