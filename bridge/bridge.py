@@ -21,6 +21,7 @@ import msgspec
 import nats
 from nats.aio.client import Client
 from nats.errors import TimeoutError as NatsTimeoutError
+from nats.js import api
 from nats.js.errors import APIError, NotFoundError
 
 from bridge import states
@@ -50,9 +51,9 @@ from bridge.wire import (
 
 # JSStreamWrongLastSequenceErrF / ...ConstantErr: someone else wrote the key first.
 _WRONG_LAST_SEQUENCE = frozenset({10071, 10164})
-_EXPECTED_LAST = "Nats-Expected-Last-Subject-Sequence"
-_EXPECTED_STREAM = "Nats-Expected-Stream"
-_MSG_TTL = "Nats-TTL"
+_EXPECTED_LAST = api.Header.EXPECTED_LAST_SUBJECT_SEQUENCE.value
+_EXPECTED_STREAM = api.Header.EXPECTED_STREAM.value
+_MSG_TTL = api.Header.MSG_TTL.value
 # As nats-py's JetStream default: a write not acknowledged by then raises TimeoutError.
 PUBLISH_TIMEOUT_S = 5.0
 _REMOVED_OPS = frozenset({"DEL", "PURGE"})

@@ -4,8 +4,8 @@ nats-py's `JetStreamContext.publish` pays, per message, for a request token, an
 `asyncio.wait_for` (a timer and extra callbacks) and a stdlib-JSON decode of the ack
 into a dataclass: about a third of a busy writer's CPU. This publisher keeps one
 wildcard inbox subscription, numbers its requests, decodes acks with msgspec and
-expires overdue requests from one periodic sweep. Errors are nats-py's own types, so
-callers handle them the same way.
+expires overdue requests from one sweep that runs while any are pending. Errors are
+nats-py's own types, so callers handle them the same way.
 """
 
 from __future__ import annotations
@@ -52,6 +52,8 @@ class AckedPublisher:
         loop = asyncio.get_running_loop()
         future: asyncio.Future[int] = loop.create_future()
         self._pending[token] = (future, loop.time() + self._timeout)
+        if self._sweeper is None or self._sweeper.done():
+            self._sweeper = asyncio.create_task(self._expire_overdue())
         try:
             await self._nc.publish(subject, payload, reply=self._prefix + token, headers=headers)
             return await future
@@ -74,7 +76,6 @@ class AckedPublisher:
                 return  # another publish started it meanwhile
             self._prefix = self._nc.new_inbox() + "."
             self._sub = await self._nc.subscribe(self._prefix + "*", cb=self._on_reply)
-            self._sweeper = asyncio.create_task(self._expire_overdue())
 
     async def _on_reply(self, msg: Msg) -> None:
         entry = self._pending.get(msg.subject[len(self._prefix) :])
@@ -94,8 +95,9 @@ class AckedPublisher:
             future.set_result(ack.seq)
 
     async def _expire_overdue(self) -> None:
+        """Runs while requests are pending: an idle bridge sleeps without a timer."""
         loop = asyncio.get_running_loop()
-        while True:
+        while self._pending:
             await asyncio.sleep(SWEEP_S)
             now = loop.time()
             for future, deadline in list(self._pending.values()):

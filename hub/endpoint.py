@@ -75,33 +75,38 @@ class McpEndpoint:
         self, scope: Scope, receive: Receive, send: Send
     ) -> tuple[RawHeaders, ListenStream | None]:
         """Answer the request, or return the listen stream that will (and its CORS)."""
-        headers = header_map(scope["headers"])
-        origin = headers.get("origin")
-        cors = [] if origin is None else self._cors(origin)
-        identity = self._admit(scope["method"], headers, origin, cors)
-        if isinstance(identity, Reply):
-            await self._reply(scope, send, identity)
-            return cors, None
+        headers, cors, admitted = self._admit(scope)
+        if isinstance(admitted, Reply):
+            result: Reply | ListenStream = admitted
+        else:
+            result = await self._serve(scope, receive, headers, cors, admitted)
+        if isinstance(result, ListenStream):
+            self.hub.metrics.requests.inc(1, "subscriptions/listen", "ok")
+            return cors, result
+        await self._reply(scope, send, result)
+        return cors, None
+
+    async def _serve(
+        self,
+        scope: Scope,
+        receive: Receive,
+        headers: Mapping[str, str],
+        cors: RawHeaders,
+        identity: Identity,
+    ) -> Reply | ListenStream:
         config = self.config
         try:
             body = await _read_body(scope, receive, config.max_body_bytes, config.body_timeout)
         except BodyError as exc:
-            await self._reply(scope, send, _body_refused(exc, cors))
-            return cors, None
+            return _body_refused(exc, cors)
         request = self._parse(headers, body, cors)
         if isinstance(request, Reply):
-            await self._reply(scope, send, request)
-            return cors, None
+            return request
         try:
             answer = await self._dispatch(request, identity)
         except jsonrpc.RpcError as err:
-            await self._reply(scope, send, _error(request.id, err, cors, request.method))
-            return cors, None
-        if isinstance(answer, ListenStream):
-            self.hub.metrics.requests.inc(1, request.method, "ok")
-            return cors, answer
-        await self._reply(scope, send, Reply(200, answer, [JSON, *cors], "ok", request.method))
-        return cors, None
+            return _error(request.id, err, cors, request.method)
+        return answer if isinstance(answer, ListenStream) else _ok(request, answer, cors)
 
     def answer_now(self, scope: Scope, body: bytes) -> Reply | None:
         """The reply to a whole `POST /mcp` request if no I/O is needed; else None, with
@@ -112,10 +117,7 @@ class McpEndpoint:
         return reply
 
     def _reply_now(self, scope: Scope, body: bytes) -> Reply | None:
-        headers = header_map(scope["headers"])
-        origin = headers.get("origin")
-        cors = [] if origin is None else self._cors(origin)
-        identity = self._admit(scope["method"], headers, origin, cors)
+        headers, cors, identity = self._admit(scope)
         if isinstance(identity, Reply):
             return identity
         if len(body) > self.config.max_body_bytes:
@@ -127,16 +129,21 @@ class McpEndpoint:
             answer = self._dispatch_now(request, identity)
         except jsonrpc.RpcError as err:
             return _error(request.id, err, cors, request.method)
-        if answer is None:
-            return None
-        return Reply(200, answer, [JSON, *cors], "ok", request.method)
+        return None if answer is None else _ok(request, answer, cors)
 
     # -- the steps -----------------------------------------------------------------------
 
-    def _admit(
+    def _admit(self, scope: Scope) -> tuple[Mapping[str, str], RawHeaders, Identity | Reply]:
+        """Method, Origin and credentials: the headers, the CORS headers for the answer,
+        and who is asking or the refusal."""
+        headers = header_map(scope["headers"])
+        origin = headers.get("origin")
+        cors = [] if origin is None else self._cors(origin)
+        return headers, cors, self._identify(scope["method"], headers, origin, cors)
+
+    def _identify(
         self, method: str, headers: Mapping[str, str], origin: str | None, cors: RawHeaders
     ) -> Identity | Reply:
-        """Method, Origin and credentials: who is asking, or the refusal."""
         if method != "POST":  # H2
             if is_preflight(method, headers):
                 allowed = preflight_headers(origin, self.cors_origins)
@@ -214,6 +221,10 @@ async def respond(scope: Scope, send: Send, status: int, body: bytes, headers: R
         headers = [*headers, (b"content-length", b"%d" % len(body))]
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
+
+
+def _ok(request: Request, answer: bytes, cors: RawHeaders) -> Reply:
+    return Reply(200, answer, [JSON, *cors], "ok", request.method)
 
 
 def _error(

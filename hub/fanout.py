@@ -85,8 +85,8 @@ class Subscriber:
         returns the number of notifications written."""
         if not self.backlog or not self.live or self.blocked_since is not None:
             return 0  # nothing to do, or the writer has it in hand
-        channel = self.channel
-        if channel is None or not channel.writable:
+        channel = self._direct()
+        if channel is None:
             self.wake()
             return 0
         batch = self.take()
@@ -96,13 +96,20 @@ class Subscriber:
 
     def keepalive(self, now: float) -> None:
         """H20: an idle stream gets a comment now and then."""
-        channel = self.channel
-        if channel is not None and self.blocked_since is None and channel.writable:
+        channel = self._direct()
+        if channel is not None:
             channel.write(KEEPALIVE_FRAME)
             self.last_write = now
         else:
             self.keepalive_due = True
             self.wake()
+
+    def _direct(self) -> DirectChannel | None:
+        """The channel, if a write now goes straight out ahead of nothing the writer holds."""
+        channel = self.channel
+        if channel is None or self.blocked_since is not None or not channel.writable:
+            return None
+        return channel
 
     def finish(self, reason: str) -> None:
         """End the stream gracefully: the writer sends the completion result (H63)."""
