@@ -80,6 +80,15 @@ def body_stamp(body: bytes) -> int | None:
     return None if found is None else int(found.group(1))
 
 
+def content_length(head: bytes) -> int | None:
+    """The Content-Length of a lower-cased HTTP head, None when it has none."""
+    at = head.find(b"\r\ncontent-length:")
+    if at < 0:
+        return None
+    eol = head.find(b"\r\n", at + 2)
+    return int(head[at + 17 : eol if eol >= 0 else len(head)])
+
+
 class ProtocolError(RuntimeError):
     """The server answered something a load generator cannot read."""
 
@@ -104,10 +113,8 @@ class ResponseReader:
             if not head.startswith(b"http/1.1 "):
                 raise ProtocolError(f"not an HTTP/1.1 response: {head[:40]!r}")
             status = int(head[9:12])
-            at = head.find(b"\r\ncontent-length:")
-            if at >= 0:
-                eol = head.find(b"\r\n", at + 2)
-                length = int(head[at + 17 : eol if eol >= 0 else len(head)])
+            length = content_length(head)
+            if length is not None:
                 end = head_end + 4 + length
                 if len(buf) < end:
                     break

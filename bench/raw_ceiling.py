@@ -20,6 +20,7 @@ from typing import cast
 import msgspec
 
 from bench.processes import reference_server_main
+from bench.protocol import content_length
 from bench.watch import BucketWatch
 
 _SUB_KEY = b'"io.modelcontextprotocol/subscriptionId":'
@@ -159,12 +160,7 @@ class Connection(asyncio.Protocol):
             if head_end < 0:
                 return
             head = bytes(buf[:head_end]).lower()
-            at = head.find(b"\r\ncontent-length:")
-            length = 0
-            if at >= 0:
-                eol = head.find(b"\r\n", at + 2)
-                length = int(head[at + 17 : eol if eol >= 0 else len(head)])
-            end = head_end + 4 + length
+            end = head_end + 4 + (content_length(head) or 0)
             if len(buf) < end:
                 return
             body = bytes(buf[head_end + 4 : end])
