@@ -1,16 +1,17 @@
-"""bridge/mcp_server.py and bridge/task_context.py: task tools on the real mcp 2.3.0 MCPServer.
+"""bridge/mcp_server.py, a tools/call that becomes a task on the real mcp 2.3.0 MCPServer:
+the CreateTaskResult, durable before the reply, then ended completed / failed by the body.
 
-The server under test is a real MCPServer served by uvicorn on a loopback port, writing
-through a real bridge to the session's nats-server; the task is read back at a real hub.
-Calls go over raw HTTP where the exact wire shape matters, and through the real `mcp`
-client where the SDK's own behaviour is the point. Tool bodies wait on events the tests
-set, never on time.
+The harness here (a fleet server on a bridge, the hub reading its bucket, the test tools) is
+shared with test_mcp_server_inline.py and test_mcp_server_steering.py. The server is served
+by uvicorn on a loopback port and writes through a real bridge to the session's nats-server;
+calls go over raw HTTP where the exact wire shape matters, and through the real `mcp` client
+where the SDK's own behaviour is the point. Tool bodies wait on events the tests set, never
+on time.
 """
 
 from __future__ import annotations
 
 import asyncio
-import inspect
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -20,18 +21,17 @@ import httpx
 import mcp_types as types
 import nats
 import pytest
-from mcp import Client
 from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
 from mcp.server.auth.provider import AccessToken
 from mcp.server.context import ServerRequestContext
-from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.shared.exceptions import MCPError
 from starlette.requests import Request
 
 from bridge import TaskBridge
-from bridge.mcp_server import TaskTools, create_task_result, declares_tasks, default_owner
-from bridge.task_context import TaskContext, TaskRun, required_capability
+from bridge.mcp_server import TaskTools, create_task_result, default_owner
+from bridge.task_context import TaskContext
 from tests.helpers import TASKS_EXT, HubHarness, Served, eventually, headers_for, rpc, serve_app
 
 pytestmark = pytest.mark.timeout(60)
@@ -258,65 +258,6 @@ async def test_params_task_is_ignored(fleet: Fleet) -> None:
     assert declared.json()["result"]["ttlMs"] == TTL_MS
 
 
-# -- callers that did not declare the extension -------------------------------------------
-
-
-async def test_non_declaring_sdk_client_gets_sync_result_or_32021(fleet: Fleet) -> None:
-    async with Client(fleet.url, mode="auto", read_timeout_seconds=10) as client:
-        result = await client.call_tool("echo", {"text": "inline"})
-        assert result.content == [types.TextContent(type="text", text="inline")]
-        assert not result.is_error
-        with pytest.raises(MCPError) as required:
-            await client.call_tool("confirm", {"question": "sure?"})
-        assert required.value.code == -32021
-        assert required.value.data == {"requiredCapabilities": {"extensions": {TASKS_EXT: {}}}}
-        # An optional tool that asks for input mid-call cannot do so without a task.
-        with pytest.raises(MCPError) as asks:
-            await client.call_tool("greet", {})
-        assert asks.value.code == -32021
-    assert fleet.tasks.running == 0
-
-
-async def test_required_tool_without_the_extension_is_http_400(fleet: Fleet) -> None:
-    response = await call_tool(fleet.url, "confirm", {"question": "?"}, caps={"elicitation": {}})
-    assert response.status_code == 400
-    error = response.json()["error"]
-    assert error["code"] == -32021
-    assert error["data"] == {"requiredCapabilities": {"extensions": {TASKS_EXT: {}}}}
-
-
-async def test_inline_reports_are_progress_notifications(fleet: Fleet) -> None:
-    fleet.gates.step(1).set()
-    fleet.gates.step(2).set()
-    messages: list[str | None] = []
-
-    async def on_progress(progress: float, total: float | None, message: str | None) -> None:
-        messages.append(message)
-
-    async with Client(fleet.url, mode="auto", read_timeout_seconds=10) as client:
-        result = await client.call_tool("stepper", {"steps": 2}, progress_callback=on_progress)
-    assert result.structured_content == {"result": "2 steps done"}
-    assert messages == ["step 1 of 2", "step 2 of 2"]
-
-
-async def test_bad_arguments_are_answered_inline_and_create_no_task(fleet: Fleet) -> None:
-    response = await call_tool(fleet.url, "stepper", {"steps": "many"}, caps=CAPS)
-    result = response.json()["result"]
-    assert result["resultType"] == "complete" and result["isError"] is True
-    assert fleet.tasks.running == 0
-
-
-async def test_listing_hides_the_task_context(fleet: Fleet) -> None:
-    async with Client(fleet.url, mode="auto", read_timeout_seconds=10) as client:
-        listed = {tool.name: tool for tool in (await client.list_tools()).tools}
-    assert listed["echo"].input_schema["properties"] == {
-        "text": {"title": "Text", "type": "string"}
-    }
-    assert listed["echo"].input_schema["required"] == ["text"]
-    assert listed["echo"].description == "Say it back."
-    assert listed["survey"].input_schema.get("properties", {}) == {}
-
-
 # -- how a task ends ----------------------------------------------------------------------
 
 
@@ -368,101 +309,6 @@ async def test_unexpected_exception_fails_with_32603_and_leaks_nothing(fleet: Fl
     assert "secret" not in str(failed)
 
 
-# -- input and cancellation ---------------------------------------------------------------
-
-
-async def test_elicitation_answered_at_the_hub(fleet: Fleet) -> None:
-    task_id = await start_task(fleet.url, "confirm", {"question": "Ship it?"})
-    asking = await until_status(fleet.hub, task_id, "input_required")
-    assert asking["statusMessage"] == "waiting for you"
-    ((key, request),) = asking["inputRequests"].items()
-    assert request == {
-        "method": "elicitation/create",
-        "params": {"mode": "form", "message": "Ship it?", "requestedSchema": CONFIRM},
-    }
-    answer = {key: {"action": "accept", "content": {"confirm": True}}}
-    ack = await fleet.hub.call(rpc("tasks/update", {"taskId": task_id, "inputResponses": answer}))
-    assert ack.json()["result"] == {
-        "resultType": "complete",
-        "_meta": ack.json()["result"]["_meta"],
-    }
-    done = await until_status(fleet.hub, task_id, "completed")
-    assert done["result"]["structuredContent"] == {"result": "confirmed"}
-
-
-async def test_several_outstanding_questions_answered_one_by_one(fleet: Fleet) -> None:
-    task_id = await start_task(fleet.url, "survey")
-
-    async def both_asked() -> bool:
-        state = await hub_state(fleet.hub, task_id)
-        return len(state.get("inputRequests", {})) == 2
-
-    await eventually(both_asked)
-    requests = (await hub_state(fleet.hub, task_id))["inputRequests"]
-    keys = {r["params"]["message"]: k for k, r in requests.items()}
-    assert len(set(keys.values())) == 2
-    name = {keys["Name?"]: {"action": "accept", "content": {"name": "Ada"}}}
-    await fleet.hub.call(rpc("tasks/update", {"taskId": task_id, "inputResponses": name}))
-
-    async def one_left() -> bool:
-        state = await hub_state(fleet.hub, task_id)
-        return state["status"] == "input_required" and list(state["inputRequests"]) == [
-            keys["Age?"]
-        ]
-
-    await eventually(one_left)
-    age = {keys["Age?"]: {"action": "accept", "content": {"age": 36}}}
-    await fleet.hub.call(rpc("tasks/update", {"taskId": task_id, "inputResponses": age}))
-    done = await until_status(fleet.hub, task_id, "completed")
-    assert done["result"]["structuredContent"] == {"result": "Ada is 36"}
-
-
-async def test_question_the_call_did_not_declare_fails_the_task(fleet: Fleet) -> None:
-    """MRTR rule (§5, §8 item 15): ask only for what the originating tools/call declared."""
-    tasks_only: dict[str, Any] = {"extensions": {TASKS_EXT: {}}}
-    response = await call_tool(fleet.url, "confirm", {"question": "?"}, caps=tasks_only)
-    task_id = response.json()["result"]["taskId"]
-    failed = await until_status(fleet.hub, task_id, "failed")
-    assert failed["error"]["code"] == -32021
-    assert failed["error"]["data"] == {"requiredCapabilities": {"elicitation": {"form": {}}}}
-
-
-async def test_cancel_at_the_hub_cancels_the_running_tool(fleet: Fleet) -> None:
-    task_id = await start_task(fleet.url, "sleeper")
-    await fleet.gates.started.wait()
-    ack = await fleet.hub.call(rpc("tasks/cancel", {"taskId": task_id}))
-    assert ack.json()["result"]["resultType"] == "complete"
-    await asyncio.wait_for(fleet.gates.cancelled.wait(), 10)
-    done = await until_status(fleet.hub, task_id, "cancelled")
-    assert set(done) >= {"taskId", "status", "createdAt", "lastUpdatedAt", "ttlMs"}
-    assert not {"result", "error", "inputRequests"} & set(done)
-    await eventually(lambda: fleet.tasks.running == 0)
-
-
-async def test_cancel_after_completion_changes_nothing(fleet: Fleet) -> None:
-    task_id = await start_task(fleet.url, "echo", {"text": "done"})
-    await until_status(fleet.hub, task_id, "completed")
-    await fleet.hub.call(rpc("tasks/cancel", {"taskId": task_id}))
-    assert (await hub_state(fleet.hub, task_id))["status"] == "completed"
-
-
-async def test_orphaned_tasks_end_when_steered(fleet: Fleet) -> None:
-    """Tasks of this server id that no body here runs (a restart) end instead of hanging."""
-    cancel_me = await fleet.bridge.create(owner="anonymous", ttl_ms=TTL_MS)
-    await fleet.hub.call(rpc("tasks/cancel", {"taskId": cancel_me.task_id}))
-    await until_status(fleet.hub, cancel_me.task_id, "cancelled")
-
-    answer_me = await fleet.bridge.create(owner="anonymous", ttl_ms=TTL_MS)
-    request = {"method": "elicitation/create", "params": {"message": "?", "requestedSchema": {}}}
-    await fleet.bridge.require_input(answer_me.task_id, {"q": request})
-    responses = {"q": {"action": "cancel"}}
-    await fleet.hub.call(
-        rpc("tasks/update", {"taskId": answer_me.task_id, "inputResponses": responses})
-    )
-    failed = await until_status(fleet.hub, answer_me.task_id, "failed")
-    assert failed["error"]["code"] == -32603
-
-
 async def test_shutdown_fails_what_still_runs(fleet: Fleet) -> None:
     task_id = await start_task(fleet.url, "sleeper")
     await fleet.gates.started.wait()
@@ -505,7 +351,7 @@ async def test_too_many_tasks_is_refused_before_creating_one(
         await bridge.close()
 
 
-# -- pure pieces --------------------------------------------------------------------------
+# -- pure pieces: who owns a task, and the result built from its record --------------
 
 
 def request_context(
@@ -524,22 +370,6 @@ def request_context(
     )
 
 
-def meta_with(caps: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
-        "io.modelcontextprotocol/clientCapabilities": caps,
-    }
-
-
-def test_declares_tasks_reads_this_requests_meta_only() -> None:
-    assert declares_tasks(request_context(meta_with(CAPS)))
-    assert not declares_tasks(request_context(meta_with({})))
-    assert not declares_tasks(request_context(meta_with({"extensions": {"other/x": {}}})))
-    assert not declares_tasks(request_context(None))
-    # H73: under 2025-11-25 the identifier does not turn modern tasks on.
-    assert not declares_tasks(request_context(meta_with(CAPS), version="2025-11-25"))
-
-
 def test_default_owner_is_the_token_subject_else_anonymous() -> None:
     def user(subject: str | None) -> AuthenticatedUser:
         token = AccessToken(token="t", client_id="app-7", scopes=[], subject=subject)
@@ -548,73 +378,6 @@ def test_default_owner_is_the_token_subject_else_anonymous() -> None:
     assert default_owner(request_context(None)) == "anonymous"
     assert default_owner(request_context(None, user=user("alice"))) == "alice"
     assert default_owner(request_context(None, user=user(None))) == "app-7"
-
-
-def test_required_capability_follows_the_client_capabilities() -> None:
-    form = {"method": "elicitation/create", "params": {"message": "?", "requestedSchema": {}}}
-    url = {"method": "elicitation/create", "params": {"mode": "url", "message": "?", "url": "u"}}
-    assert required_capability(form, {"elicitation": {}}) is None
-    assert required_capability(form, {"elicitation": {"form": {}}}) is None
-    assert required_capability(form, {"elicitation": {"url": {}}}) == {"elicitation": {"form": {}}}
-    assert required_capability(form, {}) == {"elicitation": {"form": {}}}
-    assert required_capability(url, {"elicitation": {}}) == {"elicitation": {"url": {}}}
-    assert required_capability(url, {"elicitation": {"url": {}}}) is None
-    sampling = {"method": "sampling/createMessage", "params": {}}
-    assert required_capability(sampling, {}) == {"sampling": {}}
-    assert required_capability(sampling, {"sampling": {}}) is None
-    assert required_capability({"method": "roots/list"}, {}) == {"roots": {}}
-
-
-def test_registration_checks_the_signature() -> None:
-    tasks = TaskTools()
-
-    def not_async(task: TaskContext) -> str:
-        return ""
-
-    async def no_context(x: int) -> str:
-        return ""
-
-    async def two_contexts(a: TaskContext, b: TaskContext) -> str:
-        return ""
-
-    async def sdk_context(task: TaskContext, ctx: Context) -> str:
-        return ""
-
-    for fn, error in [
-        (not_async, "async def"),
-        (no_context, "exactly one"),
-        (two_contexts, "exactly one"),
-        (sdk_context, "SDK Context"),
-    ]:
-        with pytest.raises(TypeError, match=error):
-            tasks.add_tool(fn)  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="task_support"):
-        tasks.add_tool(no_context, task_support="always")  # type: ignore[arg-type]
-
-    async def fine(task: TaskContext | None = None) -> str:
-        return ""
-
-    tasks.add_tool(fine)
-    with pytest.raises(ValueError, match="already registered"):
-        tasks.add_tool(fine)
-    MCPServer("s", extensions=[tasks])
-    with pytest.raises(RuntimeError, match="before constructing"):
-        tasks.add_tool(fine, "later")
-
-
-def test_inline_entry_has_the_sdk_shape() -> None:
-    tasks = TaskTools()
-
-    async def tool(a: int, task: TaskContext, b: str = "x") -> str:
-        """Doc."""
-        return ""
-
-    tasks.add_tool(tool, "renamed")
-    (binding,) = tasks.tools()
-    signature = inspect.signature(binding.fn)
-    assert list(signature.parameters) == ["a", "b", "mcp_request_context"]
-    assert binding.fn.__doc__ == "Doc."
-    assert binding.kwargs["name"] == "renamed"
 
 
 async def test_create_task_result_from_a_record(
@@ -626,30 +389,3 @@ async def test_create_task_result_from_a_record(
     result = create_task_result(record)
     assert list(result)[:2] == ["resultType", "taskId"]
     assert result["ttlMs"] is None and "pollIntervalMs" not in result
-
-
-async def test_task_run_report_keeps_pending_questions(
-    nc: nats.NATS, bucket: str, server_id: str, js: Any
-) -> None:
-    bridge = await TaskBridge.attach(nc, server_id, bucket=bucket)
-    record = await bridge.create(owner="o")
-    run = TaskRun(bridge, record.task_id, CAPS)
-    asking = asyncio.create_task(run.elicit("?", CONFIRM))
-
-    async def asked() -> bool:
-        current = await bridge.get(record.task_id)
-        return current is not None and current.task.status == "input_required"
-
-    await eventually(asked)
-    await run.report("still thinking")
-    current = await bridge.get(record.task_id)
-    assert current is not None
-    assert current.task.status == "input_required"
-    assert current.task.statusMessage == "still thinking"
-    assert isinstance(current.task.inputRequests, dict)
-    (key,) = current.task.inputRequests
-    run.deliver({key: {"action": "decline"}, "unknown": {"action": "accept"}})
-    answer = await asking
-    assert answer.action == "decline"
-    run.deliver({key: {"action": "accept"}})  # answered already: ignored
-    await bridge.close()
