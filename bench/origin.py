@@ -29,8 +29,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from bench.processes import reference_server_main
 from bench.watch import BucketWatch
-
-TASKS_EXTENSION = "io.modelcontextprotocol/tasks"
+from bridge.vocabulary import TASKS_EXTENSION
 
 
 class TaskIdParams(RequestParams):

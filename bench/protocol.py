@@ -18,12 +18,19 @@ from typing import Any
 
 import msgspec
 
-PROTOCOL = "2026-07-28"
-TASKS_EXT = "io.modelcontextprotocol/tasks"
+from bridge.vocabulary import (
+    CLIENT_CAPABILITIES_KEY,
+    CLIENT_INFO_KEY,
+    PROTOCOL_VERSION,
+    PROTOCOL_VERSION_KEY,
+    TASKS_EXTENSION,
+)
+
+PROTOCOL = PROTOCOL_VERSION
 _META: dict[str, Any] = {
-    "io.modelcontextprotocol/protocolVersion": PROTOCOL,
-    "io.modelcontextprotocol/clientCapabilities": {"extensions": {TASKS_EXT: {}}},
-    "io.modelcontextprotocol/clientInfo": {"name": "taskhub-bench", "version": "0"},
+    PROTOCOL_VERSION_KEY: PROTOCOL,
+    CLIENT_CAPABILITIES_KEY: {"extensions": {TASKS_EXTENSION: {}}},
+    CLIENT_INFO_KEY: {"name": "taskhub-bench", "version": "0"},
 }
 
 # The stamp: 19 digits of time.time_ns() (good until 2286), so the pattern is fixed-length.

@@ -22,10 +22,13 @@ import msgspec
 from bench.processes import reference_server_main
 from bench.protocol import content_length
 from bench.watch import BucketWatch
+from bridge.vocabulary import SERVER_INFO_KEY, SUBSCRIPTION_ID_KEY
 
-_SUB_KEY = b'"io.modelcontextprotocol/subscriptionId":'
+_SUB_KEY = msgspec.json.encode(SUBSCRIPTION_ID_KEY) + b":"
 _SERVER_META = (
-    b'"_meta":{"io.modelcontextprotocol/serverInfo":{"name":"raw-ceiling","version":"0"}},'
+    b'"_meta":'
+    + msgspec.json.encode({SERVER_INFO_KEY: {"name": "raw-ceiling", "version": "0"}})
+    + b","
 )
 _JSON_HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: "
 _SSE_HEAD = (

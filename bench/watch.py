@@ -16,9 +16,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js import api
 
-from bridge.wire import kv_stream
-
-_REMOVED = frozenset({"DEL", "PURGE"})
+from bridge.wire import is_removal, kv_stream
 
 PutListener = Callable[[str, bytes], None]
 DeleteListener = Callable[[str], None]
@@ -53,8 +51,7 @@ class BucketWatch:
 
     async def _on_msg(self, msg: Msg) -> None:
         key = msg.subject[self._prefix_len :]
-        headers = msg.headers
-        if headers and (headers.get("KV-Operation") in _REMOVED or "Nats-Marker-Reason" in headers):
+        if is_removal(msg.headers):
             self.on_delete(key)
         else:
             self.on_put(key, msg.data)

@@ -43,6 +43,7 @@ from bridge.wire import (
     TaskError,
     decode_envelope,
     encode,
+    is_removal,
     is_task_id,
     kv_stream,
     kv_subject,
@@ -56,7 +57,6 @@ _EXPECTED_STREAM = api.Header.EXPECTED_STREAM.value
 _MSG_TTL = api.Header.MSG_TTL.value
 # As nats-py's JetStream default: a write not acknowledged by then raises TimeoutError.
 PUBLISH_TIMEOUT_S = 5.0
-_REMOVED_OPS = frozenset({"DEL", "PURGE"})
 # The server adds a TTL to now in int64 nanoseconds; ~292 years and up wraps around and
 # expires the message at once, so longer lifetimes are capped at a century.
 MAX_MESSAGE_TTL_S = 100 * 365 * 24 * 3600
@@ -370,9 +370,7 @@ class TaskBridge:
             )
         except NotFoundError:
             return None
-        headers = msg.headers or {}
-        # A KV delete/purge, or the marker the server leaves when a TTL removed the value.
-        if headers.get("KV-Operation") in _REMOVED_OPS or "Nats-Marker-Reason" in headers:
+        if is_removal(msg.headers):
             self._cache.pop(task_id, None)
             return None
         if msg.seq is None or msg.data is None:

@@ -53,7 +53,8 @@ from starlette.requests import HTTPConnection
 
 from bridge.bridge import TaskBridge, TaskRecord
 from bridge.states import TerminalStateError
-from bridge.task_context import TASKS_EXTENSION, InlineRun, TaskContext, TaskRun, missing_capability
+from bridge.task_context import InlineRun, TaskContext, TaskRun, missing_capability
+from bridge.vocabulary import TASKS_EXTENSION
 
 log = logging.getLogger(__name__)
 

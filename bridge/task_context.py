@@ -26,6 +26,7 @@ from mcp_types import (
 )
 from pydantic import ValidationError
 
+from bridge.vocabulary import TASKS_EXTENSION
 from bridge.wire import encode
 
 if TYPE_CHECKING:
@@ -33,7 +34,6 @@ if TYPE_CHECKING:
 
     from bridge.bridge import TaskBridge
 
-TASKS_EXTENSION = "io.modelcontextprotocol/tasks"
 InputRequest = Mapping[str, Any]  # {"method": "elicitation/create", "params": {...}} (spec §5)
 
 

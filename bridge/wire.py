@@ -46,6 +46,21 @@ def is_task_id(value: object) -> bool:
     return isinstance(value, str) and TASK_ID_RE.fullmatch(value) is not None
 
 
+# A KV delete or purge, by a client: the `KV-Operation` header.
+_REMOVED_OPS = frozenset({"DEL", "PURGE"})
+# A marker the server leaves when a message TTL, a limit or a purge removed the value
+# (nats-server 2.11+); its reason ("MaxAge", "Purge", "Remove", ...) does not matter:
+# a marker never carries a task.
+_MARKER_REASON = "Nats-Marker-Reason"
+
+
+def is_removal(headers: dict[str, str] | None) -> bool:
+    """True when a KV message removes its key's task rather than storing one."""
+    if not headers:
+        return False
+    return headers.get("KV-Operation") in _REMOVED_OPS or _MARKER_REASON in headers
+
+
 class TaskError(Struct, omit_defaults=True):
     """A JSON-RPC error object, as carried by a `failed` task."""
 

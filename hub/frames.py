@@ -11,9 +11,10 @@ from collections.abc import Iterable
 
 import msgspec
 
+from bridge import vocabulary
 from hub.cache import TaskSnapshot
 
-SUBSCRIPTION_ID_KEY = b'"io.modelcontextprotocol/subscriptionId":'
+SUBSCRIPTION_ID_KEY = msgspec.json.encode(vocabulary.SUBSCRIPTION_ID_KEY) + b":"
 KEEPALIVE_FRAME = b":\n\n"  # H20: a comment line, ignored by every SSE parser
 
 

@@ -12,6 +12,7 @@ import time
 
 import msgspec
 
+from bridge.vocabulary import SERVER_INFO_KEY, SUPPORTED_VERSIONS, TASKS_EXTENSION
 from bridge.wire import CancelMessage, UpdateMessage, encode
 from hub import jsonrpc
 from hub.auth import Identity
@@ -24,11 +25,9 @@ from hub.protocol import Request
 from hub.runtime import Hub
 from hub.sse import ListenStream
 
-SUPPORTED_VERSIONS = ["2026-07-28"]
-TASKS_EXTENSION = "io.modelcontextprotocol/tasks"
 DISCOVER_TTL_MS = 3_600_000
 
-_SERVER_META = {jsonrpc.META_SERVER_INFO_KEY: jsonrpc.SERVER_INFO}
+_SERVER_META = {SERVER_INFO_KEY: jsonrpc.SERVER_INFO}
 # tasks/get = envelope + this + the task's own bytes after its "{" (spliced, not re-encoded).
 _GET_RESULT_HEAD = (
     b',"result":{"resultType":"complete","_meta":' + msgspec.json.encode(_SERVER_META) + b","
@@ -41,7 +40,7 @@ def discover(request: Request) -> bytes:
         request.id,
         {
             "resultType": "complete",
-            "supportedVersions": SUPPORTED_VERSIONS,
+            "supportedVersions": list(SUPPORTED_VERSIONS),
             "capabilities": {"extensions": {TASKS_EXTENSION: {}}},
             "instructions": "Task status hub: poll tasks/get or subscribe with "
             "subscriptions/listen (notifications.taskIds).",

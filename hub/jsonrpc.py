@@ -12,6 +12,8 @@ from typing import Any
 
 import msgspec
 
+from bridge.vocabulary import SERVER_INFO_KEY, TASKS_EXTENSION
+
 # JSON-RPC 2.0 codes.
 PARSE_ERROR = -32700
 INVALID_REQUEST = -32600
@@ -27,8 +29,6 @@ UNSUPPORTED_VERSION = -32022
 UNAUTHORIZED = -31401
 RATE_LIMITED = -31429
 
-TASKS_EXTENSION = "io.modelcontextprotocol/tasks"
-META_SERVER_INFO_KEY = "io.modelcontextprotocol/serverInfo"
 
 RequestId = str | int
 """A JSON-RPC id as the client sent it; the JSON type is kept (H59: `"1"` and `1` differ)."""
@@ -45,7 +45,7 @@ SERVER_INFO: dict[str, str] = {"name": "taskhub", "version": _package_version()}
 
 _encode = msgspec.json.encode
 _HEAD = b'{"jsonrpc":"2.0"'
-_META = _encode({META_SERVER_INFO_KEY: SERVER_INFO})
+_META = _encode({SERVER_INFO_KEY: SERVER_INFO})
 
 
 class RpcError(Exception):
@@ -174,7 +174,7 @@ def encode_error(request_id: RequestId | None, err: RpcError) -> bytes:
 def encode_result(request_id: RequestId, result: dict[str, Any]) -> bytes:
     """A result response carrying `_meta` serverInfo (H29), merged into any `_meta` given."""
     meta = result.get("_meta")
-    merged = {**(meta if isinstance(meta, dict) else {}), META_SERVER_INFO_KEY: SERVER_INFO}
+    merged = {**(meta if isinstance(meta, dict) else {}), SERVER_INFO_KEY: SERVER_INFO}
     body = _encode({**result, "_meta": merged})
     return _HEAD + b',"id":' + _encode(request_id) + b',"result":' + body + b"}"
 

@@ -26,15 +26,18 @@ from nats.js import api
 from nats.js.errors import NotFoundError
 
 from bridge.jetstream import ensure_bucket, ensure_control_stream
-from bridge.wire import CONTROL_STREAM, control_subject, is_task_id, kv_stream, kv_subject
+from bridge.wire import (
+    CONTROL_STREAM,
+    control_subject,
+    is_removal,
+    is_task_id,
+    kv_stream,
+    kv_subject,
+)
 from hub.cache import TaskCache, TaskSnapshot
 from hub.metrics import Metrics
 
 log = logging.getLogger("taskhub.nats")
-
-_DELETE_OPS = {"DEL", "PURGE"}
-# Server-placed markers (nats-server 2.11+) when a TTL or limit removed the value.
-_MARKER_REASONS = {"MaxAge", "Purge", "Remove"}
 
 
 # The server deletes a watch consumer this long after its hub went away.
@@ -45,15 +48,6 @@ WATCH_CHECK_S = 1.0
 
 class StoreUnavailable(RuntimeError):
     """NATS could not answer a read-through; the caller answers -32603 (H70)."""
-
-
-def _is_removal(headers: dict[str, str] | None) -> bool:
-    if not headers:
-        return False
-    return (
-        headers.get("KV-Operation") in _DELETE_OPS
-        or headers.get("Nats-Marker-Reason") in _MARKER_REASONS
-    )
 
 
 def _sequence_and_pending(msg: Msg) -> tuple[int, int]:
@@ -228,7 +222,7 @@ class NatsSource:
     async def _on_msg(self, msg: Msg) -> None:
         seq, pending = _sequence_and_pending(msg)
         key = msg.subject[len(self.bucket) + 5 :]  # strip "$KV.<bucket>."
-        if _is_removal(msg.headers):
+        if is_removal(msg.headers):
             self.cache.apply_delete(key, seq)
         elif self.cache.apply_put(key, seq, msg.data) is not None:
             self.metrics.kv_updates.inc()
@@ -258,7 +252,7 @@ class NatsSource:
         self.metrics.read_through.inc(1, "false" if raw is None else "true")
         if raw is None or raw.seq is None:
             return None
-        if _is_removal(raw.headers):
+        if is_removal(raw.headers):
             self.cache.apply_delete(task_id, raw.seq)
             return None
         self.cache.apply_put(task_id, raw.seq, raw.data or b"")

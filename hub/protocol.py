@@ -11,17 +11,20 @@ from typing import Any
 
 import msgspec
 
+from bridge.vocabulary import (
+    CLIENT_CAPABILITIES_KEY,
+    PROTOCOL_VERSION_KEY,
+    SUPPORTED_VERSIONS,
+    TASKS_EXTENSION,
+)
 from hub import jsonrpc
 from hub.headers import decode_header_value, is_plain_safe
 from hub.jsonrpc import RequestId, RpcError, shorten
 
-SUPPORTED_VERSIONS: tuple[str, ...] = ("2026-07-28",)
 TASK_METHODS = frozenset({"tasks/get", "tasks/update", "tasks/cancel"})
 # H18: tasks/result and tasks/list are legacy; under 2026-07-28 they are unknown methods.
 METHODS = frozenset({"server/discover", "subscriptions/listen", *TASK_METHODS})
 
-PROTOCOL_VERSION_KEY = "io.modelcontextprotocol/protocolVersion"
-CLIENT_CAPABILITIES_KEY = "io.modelcontextprotocol/clientCapabilities"
 
 # Header names, lower-cased (H16: names are case-insensitive, values are not).
 _VERSION_HEADER = "mcp-protocol-version"
@@ -240,9 +243,7 @@ def _listen_request(headers: Mapping[str, str], request: Request) -> Request:
 
 def _declares_tasks(capabilities: dict[str, Any]) -> bool:
     extensions = capabilities.get("extensions")
-    return isinstance(extensions, dict) and isinstance(
-        extensions.get(jsonrpc.TASKS_EXTENSION), dict
-    )
+    return isinstance(extensions, dict) and isinstance(extensions.get(TASKS_EXTENSION), dict)
 
 
 def _accepts_event_stream(accept: str | None) -> bool:

@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from bridge import vocabulary
 from hub import jsonrpc
 from hub.jsonrpc import RpcError
 
@@ -112,7 +113,7 @@ def test_encode_error_data() -> None:
 
 def test_server_info() -> None:
     assert {"name": "taskhub", "version": version("taskhub")} == jsonrpc.SERVER_INFO
-    assert jsonrpc.META_SERVER_INFO_KEY == "io.modelcontextprotocol/serverInfo"
+    assert vocabulary.SERVER_INFO_KEY == "io.modelcontextprotocol/serverInfo"
 
 
 def test_encode_result_adds_server_info() -> None:  # H29

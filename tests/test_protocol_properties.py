@@ -10,12 +10,11 @@ import msgspec
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from bridge.vocabulary import CLIENT_CAPABILITIES_KEY, PROTOCOL_VERSION_KEY
 from hub import jsonrpc
 from hub.headers import encode_header_value
 from hub.protocol import (
-    CLIENT_CAPABILITIES_KEY,
     METHODS,
-    PROTOCOL_VERSION_KEY,
     Notification,
     RequestError,
     parse_request,

@@ -1,0 +1,21 @@
+"""The MCP names hub and bridge both speak, each written once.
+
+Protocol revision, the tasks extension's identifier and the reserved `_meta` keys are
+fixed by the specification (docs/protocol.md); a typo in any one of them is a silent
+interoperability bug, so every module takes them from here.
+"""
+
+from __future__ import annotations
+
+PROTOCOL_VERSION = "2026-07-28"
+# The revisions the hub serves at `/mcp` (H10: anything else is -32022).
+SUPPORTED_VERSIONS: tuple[str, ...] = (PROTOCOL_VERSION,)
+
+TASKS_EXTENSION = "io.modelcontextprotocol/tasks"
+
+# Keys of `params._meta` and `result._meta`.
+PROTOCOL_VERSION_KEY = "io.modelcontextprotocol/protocolVersion"
+CLIENT_CAPABILITIES_KEY = "io.modelcontextprotocol/clientCapabilities"
+CLIENT_INFO_KEY = "io.modelcontextprotocol/clientInfo"
+SERVER_INFO_KEY = "io.modelcontextprotocol/serverInfo"
+SUBSCRIPTION_ID_KEY = "io.modelcontextprotocol/subscriptionId"
