@@ -90,15 +90,16 @@ class HubServer(uvicorn.Server):
 
 def build_server(config: Config, nats_url: str) -> HubServer:
     hub = Hub(config, nats_url)
+    app = create_app(config, nats_url, hub)
     uv_config = uvicorn.Config(
-        create_app(config, nats_url, hub),
+        app,
         host=config.host,
         port=config.port,
         log_level=config.log_level,
         access_log=False,
         lifespan="on",
         timeout_graceful_shutdown=int(config.shutdown_grace) + 1,
-        http=hub_protocol(config.header_timeout),
+        http=hub_protocol(config.header_timeout, app.answer_now),
         proxy_headers=False,  # nothing reads the client address; skip the middleware
         # Beyond the stream limit, plain requests still get room before uvicorn's 503.
         limit_concurrency=config.max_streams + 1024,

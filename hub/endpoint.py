@@ -27,14 +27,11 @@ from hub.connection import connection_of
 from hub.cors import is_preflight, preflight_headers
 from hub.cors import response_headers as cors_response_headers
 from hub.headers import header_map
-from hub.protocol import Notification, Request, RequestError, parse_request
+from hub.protocol import METHODS, Notification, Request, RequestError, parse_request
 from hub.runtime import Hub
 from hub.sse import ListenStream
 
 ANONYMOUS = Identity("anonymous", None)  # every caller when authentication is off
-KNOWN_METHODS = frozenset(
-    {"server/discover", "tasks/get", "tasks/update", "tasks/cancel", "subscriptions/listen"}
-)
 JSON = (b"content-type", b"application/json")
 RawHeaders = list[tuple[bytes, bytes]]
 
@@ -113,7 +110,9 @@ class McpEndpoint:
         nothing done that `__call__` would then do again."""
         reply = self._reply_now(scope, body)
         if reply is not None:
-            self.hub.metrics.requests.inc(1, reply.method, reply.outcome)
+            metrics = self.hub.metrics
+            metrics.requests.inc(1, reply.method, reply.outcome)
+            metrics.answered_in_place.inc()
         return reply
 
     def _reply_now(self, scope: Scope, body: bytes) -> Reply | None:
@@ -257,7 +256,7 @@ def _encode_headers(headers: dict[str, str]) -> RawHeaders:
 
 def _method_label(method: str | None) -> str:
     """Keep the metric's label set bounded: unknown methods share one label."""
-    return method if method in KNOWN_METHODS else "-"
+    return method if method in METHODS else "-"
 
 
 def _adding(send: Send, headers: RawHeaders) -> Send:

@@ -1,9 +1,8 @@
 """Fan-out: which listen streams follow which tasks, and getting each change to them.
 
-A subscriber's backlog holds at most one snapshot per task it follows: a newer
-revision replaces an unsent older one. Snapshots are full state, so coalescing loses
-nothing a client needs, and a stalled client costs memory bounded by the number of
-tasks it follows, never by the update rate (invariant 5).
+Each stream (hub/subscriber.py) keeps a backlog of at most one snapshot per task it
+follows, so a stalled client costs memory bounded by the tasks it follows, never by
+the update rate (invariant 5).
 
 Delivery is batched per event-loop turn: `publish` marks followers dirty and one
 flush per turn writes each dirty stream's backlog as one chunk, straight to its socket
@@ -19,130 +18,8 @@ import asyncio
 from collections.abc import Iterable
 
 from hub.cache import TaskSnapshot
-from hub.connection import DirectChannel
-from hub.frames import KEEPALIVE_FRAME, notification_prefix, task_frames
 from hub.metrics import Metrics
-
-
-class Subscriber:
-    """One `subscriptions/listen` stream: its interest, unsent backlog and write state."""
-
-    __slots__ = (
-        "_waiter",
-        "backlog",
-        "blocked_since",
-        "channel",
-        "disconnected",
-        "end",
-        "keepalive_due",
-        "last_write",
-        "live",
-        "prefix",
-        "stalled",
-        "subscription_id",
-        "task",
-        "task_ids",
-    )
-
-    def __init__(self, subscription_id: bytes, task_ids: Iterable[str]) -> None:
-        self.subscription_id = subscription_id  # the listen request id, JSON-encoded
-        self.prefix = notification_prefix(subscription_id)
-        self.task_ids: set[str] = set(task_ids)
-        self.backlog: dict[str, TaskSnapshot] = {}
-        self.channel: DirectChannel | None = None
-        self.task: asyncio.Task[None] | None = None  # the stream's own writer
-        self.live = False  # the ack is out: changes may be written
-        self.blocked_since: float | None = None  # the writer awaits `send` since (loop time)
-        self.last_write = 0.0  # loop time
-        self.keepalive_due = False
-        self.end: str | None = None  # the hub ends the stream gracefully, and why (H63)
-        self.disconnected = False  # the client went away (H23, H64)
-        self.stalled = False  # dropped for not reading
-        self._waiter: asyncio.Future[None] | None = None
-
-    @property
-    def closing(self) -> bool:
-        return self.end is not None
-
-    def offer(self, snapshot: TaskSnapshot) -> bool:
-        """Queue a snapshot; returns True if it replaced an unsent one (coalesced)."""
-        queued = self.backlog.get(snapshot.task_id)
-        if queued is not None and queued.revision >= snapshot.revision:
-            return False
-        self.backlog[snapshot.task_id] = snapshot
-        return queued is not None
-
-    def take(self) -> list[TaskSnapshot]:
-        """Everything queued so far, oldest task first."""
-        if not self.backlog:
-            return []
-        batch = list(self.backlog.values())
-        self.backlog.clear()
-        return batch
-
-    def flush(self, now: float) -> int:
-        """Write the backlog straight out if the socket takes it, else wake the writer;
-        returns the number of notifications written."""
-        if not self.backlog or not self.live or self.blocked_since is not None:
-            return 0  # nothing to do, or the writer has it in hand
-        channel = self._direct()
-        if channel is None:
-            self.wake()
-            return 0
-        batch = self.take()
-        channel.write(task_frames(self.prefix, batch))
-        self.last_write = now
-        return len(batch)
-
-    def keepalive(self, now: float) -> None:
-        """H20: an idle stream gets a comment now and then."""
-        channel = self._direct()
-        if channel is not None:
-            channel.write(KEEPALIVE_FRAME)
-            self.last_write = now
-        else:
-            self.keepalive_due = True
-            self.wake()
-
-    def _direct(self) -> DirectChannel | None:
-        """The channel, if a write now goes straight out ahead of nothing the writer holds."""
-        channel = self.channel
-        if channel is None or self.blocked_since is not None or not channel.writable:
-            return None
-        return channel
-
-    def finish(self, reason: str) -> None:
-        """End the stream gracefully: the writer sends the completion result (H63)."""
-        if self.end is None:
-            self.end = reason
-        self.wake()
-
-    def drop_stalled(self) -> None:
-        """The client stopped reading: free its slot without a goodbye."""
-        self.stalled = True
-        if self.channel is not None:
-            self.channel.abort()  # the writer's pending `send` returns; it sees the loss
-        elif self.task is not None:
-            self.task.cancel()
-
-    def lose(self) -> None:
-        """The connection is gone: send nothing more (H23)."""
-        self.disconnected = True
-        self.live = False
-        self.wake()
-
-    def wake(self) -> None:
-        waiter = self._waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
-
-    async def park(self) -> None:
-        """Wait for `wake`. The writer checks its state first, with no await between."""
-        self._waiter = asyncio.get_running_loop().create_future()
-        try:
-            await self._waiter
-        finally:
-            self._waiter = None
+from hub.subscriber import EndReason, StreamState, Subscriber
 
 
 class Fanout:
@@ -231,10 +108,11 @@ class Fanout:
     def tick(self, now: float, keepalive: float, send_timeout: float) -> None:
         """Keep-alives for idle streams (H20); drop streams stuck in a write (invariant 5)."""
         for subscriber in self._subscribers:
-            if subscriber.blocked_since is not None:
-                if now - subscriber.blocked_since > send_timeout and not subscriber.stalled:
+            since = subscriber.stalled_since()
+            if since is not None:
+                if now - since > send_timeout:
                     subscriber.drop_stalled()
-            elif subscriber.live and now - subscriber.last_write >= keepalive:
+            elif subscriber.state is StreamState.LIVE and now - subscriber.last_write >= keepalive:
                 subscriber.keepalive(now)
 
     def forget(self, task_id: str) -> None:
@@ -246,7 +124,7 @@ class Fanout:
     def close_all(self) -> None:
         """Shutdown: every stream sends its completion result and ends."""
         for subscriber in list(self._subscribers):
-            subscriber.finish("shutdown")
+            subscriber.finish(EndReason.SHUTDOWN)
 
     def unfollow(self, subscriber: Subscriber, task_id: str) -> None:
         """Stop delivering `task_id` to `subscriber` (what is queued still goes out)."""

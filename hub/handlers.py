@@ -17,13 +17,13 @@ from bridge.wire import CancelMessage, UpdateMessage, encode
 from hub import jsonrpc
 from hub.auth import Identity
 from hub.cache import TaskSnapshot
-from hub.fanout import Subscriber
 from hub.frames import ack_frame
 from hub.limits import retry_after
 from hub.nats_source import StoreUnavailable
 from hub.protocol import Request
 from hub.runtime import Hub
 from hub.sse import ListenStream
+from hub.subscriber import EndReason, Subscriber
 
 DISCOVER_TTL_MS = 3_600_000
 
@@ -196,7 +196,7 @@ async def subscriptions_listen(hub: Hub, request: Request, identity: Identity) -
         release(subscriber)
         raise
     if hub.closing:
-        subscriber.finish("shutdown")
+        subscriber.finish(EndReason.SHUTDOWN)
     first = ack_frame(subscriber.subscription_id, granted if request.task_ids is not None else None)
     return ListenStream(
         subscriber,

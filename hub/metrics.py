@@ -93,6 +93,16 @@ class Metrics:
         self.streams_closed = Counter(
             "taskhub_streams_closed_total", "listen streams ended, by reason", ("reason",)
         )
+        # Which way the work went (hub/connection.py): operators see the fast paths are on.
+        self.answered_in_place = Counter(
+            "taskhub_answered_in_place_total",
+            "POST /mcp requests answered by the connection, without an ASGI task",
+        )
+        self.streams_opened = Counter(
+            "taskhub_streams_opened_total",
+            "listen streams opened, by writer (direct socket writes or ASGI send)",
+            ("writer",),
+        )
         self.limited = Counter("taskhub_limited_total", "requests refused by a limit", ("limit",))
         self.open_streams = Gauge("taskhub_open_streams", "open subscriptions/listen streams")
         self.cached_tasks = Gauge("taskhub_cached_tasks", "tasks in the snapshot cache")

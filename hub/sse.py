@@ -22,9 +22,9 @@ from collections.abc import Callable
 from starlette.types import Receive, Scope, Send
 
 from hub.connection import connection_of
-from hub.fanout import Subscriber
 from hub.frames import KEEPALIVE_FRAME, completion_frame, task_frames
 from hub.metrics import Metrics
+from hub.subscriber import EndReason, StreamState, Subscriber
 
 log = logging.getLogger("taskhub.sse")
 
@@ -64,17 +64,17 @@ class ListenStream:
             channel.on_lost = subscriber.lose
         else:  # another ASGI server: learn of the disconnect from `receive`
             watcher = asyncio.create_task(self._watch_disconnect(receive))
+        self.metrics.streams_opened.inc(1, "asgi" if channel is None else "direct")
         expiry = None
         if self.ends_at is not None:
             delay = max(0.0, self.ends_at - time.time())
-            expiry = loop.call_later(delay, subscriber.finish, "token_expired")
-        reason = "client"
+            expiry = loop.call_later(delay, subscriber.finish, EndReason.TOKEN_EXPIRED)
         try:
             start = {"type": "http.response.start", "status": 200, "headers": HEADERS}
             await self._send(send, start)
             await self._write(send, self.first_frame)
-            subscriber.live = True
-            while not subscriber.disconnected:
+            subscriber.opened()
+            while not subscriber.ended:
                 batch = subscriber.take()
                 if batch:
                     await self._write(send, task_frames(subscriber.prefix, batch))
@@ -82,30 +82,26 @@ class ListenStream:
                 elif subscriber.keepalive_due:
                     subscriber.keepalive_due = False
                     await self._write(send, KEEPALIVE_FRAME)
-                elif subscriber.end is not None:
-                    subscriber.live = False
-                    reason = subscriber.end
+                elif subscriber.state is StreamState.ENDING:
                     await self._write(send, completion_frame(subscriber.subscription_id))
                     await self._send(send, {"type": "http.response.body", "body": b""})
                     break
                 else:
                     await subscriber.park()
         except asyncio.CancelledError:
-            if not subscriber.stalled:
+            if subscriber.end_reason is not EndReason.SEND_TIMEOUT:
                 raise
             asyncio.current_task().uncancel()  # type: ignore[union-attr]
         except OSError:
             pass
         finally:
-            subscriber.live = False
-            if subscriber.stalled:
-                reason = "send_timeout"  # a client that stopped reading: its slot is free
+            reason = subscriber.closed()
             if watcher is not None:
                 watcher.cancel()
             if expiry is not None:
                 expiry.cancel()
             self.on_close(subscriber)
-            self.metrics.streams_closed.inc(1, reason)
+            self.metrics.streams_closed.inc(1, reason.value)
 
     async def _write(self, send: Send, data: bytes) -> None:
         await self._send(send, {"type": "http.response.body", "body": data, "more_body": True})
@@ -113,17 +109,16 @@ class ListenStream:
     async def _send(self, send: Send, message: dict[str, object]) -> None:
         """`send`, timed by the fan-out's tick: a client that stops reading is dropped."""
         subscriber = self.subscriber
-        if subscriber.disconnected:
-            raise OSError("client disconnected")
+        if subscriber.ended:
+            raise OSError("stream ended")
         loop = asyncio.get_running_loop()
-        subscriber.blocked_since = loop.time()
+        subscriber.blocking(loop.time())
         try:
             await send(message)
         finally:
-            subscriber.blocked_since = None
-            subscriber.last_write = loop.time()
-        if subscriber.disconnected:
-            raise OSError("client disconnected")
+            subscriber.unblocked(loop.time())
+        if subscriber.ended:
+            raise OSError("stream ended")
 
     async def _watch_disconnect(self, receive: Receive) -> None:
         while True:

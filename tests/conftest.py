@@ -77,8 +77,21 @@ def asgi_only(request: pytest.FixtureRequest) -> bool:
 async def hub_on_both(
     nats_url: str, bucket: str, tmp_path: Path, asgi_only: bool
 ) -> AsyncIterator[HubHarness]:
-    """`hub`, once with the hub's connection protocol and once on plain uvicorn."""
+    """`hub`, once with the hub's connection protocol and once on plain uvicorn; each
+    test then checks it really took the path its id names."""
     harness = await start_hub(nats_url, bucket, tmp_path, asgi_only=asgi_only)
     await harness.hub.source.wait_caught_up(10)
     yield harness
     await harness.stop()
+    assert_took_path(harness, asgi_only)
+
+
+def assert_took_path(harness: HubHarness, asgi_only: bool) -> None:
+    """Direct: every stream wrote straight to its socket. ASGI: nothing bypassed the
+    ASGI app. (Answers in place are counted in tests/e2e/test_connection.py.)"""
+    metrics = harness.hub.metrics
+    if asgi_only:
+        assert metrics.answered_in_place.value() == 0
+        assert metrics.streams_opened.value("direct") == 0
+    else:
+        assert metrics.streams_opened.value("asgi") == 0

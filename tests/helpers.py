@@ -211,8 +211,9 @@ async def start_hub(
 
     config = Config(port=0, bucket=bucket, nats_url=nats_url, data_dir=data_dir, **overrides)
     hub = Hub(config, nats_url)
-    http = "httptools" if asgi_only else hub_protocol(config.header_timeout)
-    served = await serve_app(create_app(config, nats_url, hub), http)
+    app = create_app(config, nats_url, hub)
+    http = "httptools" if asgi_only else hub_protocol(config.header_timeout, app.answer_now)
+    served = await serve_app(app, http)
     server, task, url = served.server, served.task, served.url.removesuffix("/mcp")
     client = httpx.AsyncClient(
         timeout=httpx.Timeout(10.0), limits=httpx.Limits(max_connections=None)

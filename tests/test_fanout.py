@@ -9,8 +9,9 @@ from __future__ import annotations
 import asyncio
 
 from hub.cache import TaskSnapshot
-from hub.fanout import Fanout, Subscriber
+from hub.fanout import Fanout
 from hub.metrics import Metrics
+from hub.subscriber import EndReason, StreamState, Subscriber
 
 
 def snap(task_id: str, revision: int, status: str = "working") -> TaskSnapshot:
@@ -74,7 +75,9 @@ def test_close_all_marks_streams_for_a_graceful_end() -> None:
     for sub in subs:
         fanout.subscribe(sub)
     fanout.close_all()
-    assert all(sub.end == "shutdown" and not sub.disconnected for sub in subs)
+    assert all(
+        sub.state is StreamState.ENDING and sub.end_reason is EndReason.SHUTDOWN for sub in subs
+    )
 
 
 class Channel:
@@ -97,7 +100,7 @@ def live(fanout: Fanout, task_ids: list[str]) -> tuple[Subscriber, Channel]:
     sub = Subscriber(b'"s"', task_ids)
     channel = Channel()
     sub.channel = channel  # type: ignore[assignment]
-    sub.live = True
+    sub.opened()
     fanout.subscribe(sub)
     return sub, channel
 
@@ -134,10 +137,11 @@ async def test_a_stream_that_cannot_take_a_write_wakes_its_writer_instead() -> N
 async def test_nothing_is_written_before_the_ack_or_while_the_writer_sends() -> None:
     fanout = Fanout(Metrics())
     sub, channel = live(fanout, ["a"])
-    sub.live = False  # the writer has not sent the ack yet
+    sub.state = StreamState.OPENING  # the writer has not sent the ack yet
     fanout.publish(snap("a", 1))
     await next_turn()
-    sub.live, sub.blocked_since = True, 0.0  # the writer is inside `send`
+    sub.opened()
+    sub.blocking(0.0)  # the writer is inside `send`
     fanout.publish(snap("a", 2))
     await next_turn()
     assert channel.chunks == [] and [s.revision for s in sub.take()] == [2]
@@ -149,12 +153,13 @@ def test_tick_sends_keepalives_to_idle_streams_and_drops_stalled_ones() -> None:
     busy, busy_channel = live(fanout, ["b"])
     stuck, stuck_channel = live(fanout, ["c"])
     idle.last_write, busy.last_write = 0.0, 9.5
-    stuck.blocked_since = 0.0
+    stuck.blocking(0.0)
     fanout.tick(now=10.0, keepalive=5.0, send_timeout=30.0)
     assert idle_channel.chunks == [b":\n\n"] and idle.last_write == 10.0
     assert busy_channel.chunks == [] and not stuck_channel.aborted
     fanout.tick(now=31.0, keepalive=50.0, send_timeout=30.0)
-    assert stuck.stalled and stuck_channel.aborted
+    assert stuck.end_reason is EndReason.SEND_TIMEOUT and stuck_channel.aborted
+    assert stuck.ended
 
 
 async def test_a_keepalive_for_a_stream_that_cannot_take_it_goes_through_its_writer() -> None:

@@ -22,6 +22,7 @@ from hub.endpoint import McpEndpoint, Reply
 from tests.helpers import (
     HubHarness,
     envelope,
+    eventually,
     headers_for,
     new_task_id,
     rpc,
@@ -87,6 +88,25 @@ async def test_a_cached_task_is_answered_in_place_and_the_rest_by_the_app(
     assert (counter.in_place, counter.through_app) == (5, 2)
     metrics = (await served.client.get(served.url + "/metrics")).text
     assert 'taskhub_requests_total{method="tasks/get",outcome="ok"} 3' in metrics
+
+
+async def test_the_test_harness_hub_answers_in_place_and_streams_directly(
+    hub: HubHarness, js: Any, bucket: str
+) -> None:
+    """`start_hub` (behind most tests) wires the in-place hook explicitly, whatever
+    uvicorn wraps the app in (its proxy-headers middleware by default)."""
+    tid = new_task_id()
+    await js.publish(kv_subject(bucket, tid), envelope(tid, statusMessage="cached"))
+    await eventually(lambda: hub.hub.cache.get(tid) is not None)
+    assert (await hub.get_task(tid)).json()["result"]["statusMessage"] == "cached"
+    metrics = hub.hub.metrics
+    assert metrics.answered_in_place.value() == 1
+    async with hub.listen([tid]) as stream:
+        await stream.next()
+        assert metrics.streams_opened.value("direct") == 1
+    assert metrics.streams_opened.value("asgi") == 0
+    text = (await hub.client.get(hub.url + "/metrics")).text
+    assert "taskhub_answered_in_place_total 1" in text
 
 
 async def test_pipelined_requests_get_whole_responses_in_order(

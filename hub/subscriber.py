@@ -1,0 +1,220 @@
+"""One `subscriptions/listen` stream's life: what it follows, what it owes, what state it is in.
+
+A stream moves through explicit states, and only the methods here move it:
+
+    OPENING ──opened()──▶ LIVE ◀──unblocked()── BLOCKED
+       │                   │  └───blocking()────▶  │
+       │                   ▼                       │
+       └──finish(reason)─▶ ENDING ◀────────────────┘
+                             │ closed()
+       any state ──lose()/drop_stalled()/closed()──▶ ENDED (with an `EndReason`)
+
+- OPENING: subscribed, its ack not yet written; changes queue in the backlog.
+- LIVE: the ack is out; the fan-out's flush writes changes straight to the socket.
+- BLOCKED: the stream's own writer awaits the ASGI `send` (socket buffer full, or no
+  direct channel); the flush leaves the backlog to it.
+- ENDING: the hub ends the stream (shutdown, token expiry): the writer sends what is
+  queued and the completion result (H63), then closes.
+- ENDED: nothing more is written; `end_reason` says why.
+
+The backlog holds at most one snapshot per followed task: a newer revision replaces an
+unsent older one. Snapshots are full state, so coalescing loses nothing a client needs,
+and a stalled client costs memory bounded by the tasks it follows (invariant 5).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+from collections.abc import Iterable
+
+from hub.cache import TaskSnapshot
+from hub.connection import DirectChannel
+from hub.frames import KEEPALIVE_FRAME, notification_prefix, task_frames
+
+
+class StreamState(enum.Enum):
+    OPENING = "opening"
+    LIVE = "live"
+    BLOCKED = "blocked"
+    ENDING = "ending"
+    ENDED = "ended"
+
+
+class EndReason(enum.Enum):
+    """Why a stream ended; the value labels `taskhub_streams_closed_total`."""
+
+    CLIENT = "client"  # the client closed the connection (H64)
+    SHUTDOWN = "shutdown"  # the hub is stopping (H63)
+    TOKEN_EXPIRED = "token_expired"  # the caller's token expired (H63)
+    SEND_TIMEOUT = "send_timeout"  # the client stopped reading: dropped, no goodbye
+
+
+_WRITING = (StreamState.OPENING, StreamState.BLOCKED, StreamState.ENDING)
+
+
+class Subscriber:
+    """One listen stream: its interest, unsent backlog, state and write bookkeeping."""
+
+    __slots__ = (
+        "_waiter",
+        "backlog",
+        "channel",
+        "end_reason",
+        "keepalive_due",
+        "last_write",
+        "prefix",
+        "state",
+        "subscription_id",
+        "task",
+        "task_ids",
+        "waiting_since",
+    )
+
+    def __init__(self, subscription_id: bytes, task_ids: Iterable[str]) -> None:
+        self.subscription_id = subscription_id  # the listen request id, JSON-encoded
+        self.prefix = notification_prefix(subscription_id)
+        self.task_ids: set[str] = set(task_ids)
+        self.backlog: dict[str, TaskSnapshot] = {}
+        self.state = StreamState.OPENING
+        self.end_reason: EndReason | None = None  # set on finish() or on the way to ENDED
+        self.channel: DirectChannel | None = None
+        self.task: asyncio.Task[None] | None = None  # the stream's own writer
+        self.waiting_since: float | None = None  # the writer awaits `send` since (loop time)
+        self.last_write = 0.0  # loop time
+        self.keepalive_due = False  # a keep-alive only the writer can send
+        self._waiter: asyncio.Future[None] | None = None
+
+    # -- the backlog ----------------------------------------------------------------------
+
+    def offer(self, snapshot: TaskSnapshot) -> bool:
+        """Queue a snapshot; returns True if it replaced an unsent one (coalesced)."""
+        queued = self.backlog.get(snapshot.task_id)
+        if queued is not None and queued.revision >= snapshot.revision:
+            return False
+        self.backlog[snapshot.task_id] = snapshot
+        return queued is not None
+
+    def take(self) -> list[TaskSnapshot]:
+        """Everything queued so far, oldest task first."""
+        if not self.backlog:
+            return []
+        batch = list(self.backlog.values())
+        self.backlog.clear()
+        return batch
+
+    # -- writes from the fan-out (hub/fanout.py) --------------------------------------------
+
+    def flush(self, now: float) -> int:
+        """Write the backlog straight out if the socket takes it, else wake the writer;
+        returns the number of notifications written."""
+        if not self.backlog or self.state is not StreamState.LIVE:
+            return 0  # nothing to do, or the writer has it in hand
+        channel = self._direct()
+        if channel is None:
+            self.wake()
+            return 0
+        batch = self.take()
+        channel.write(task_frames(self.prefix, batch))
+        self.last_write = now
+        return len(batch)
+
+    def keepalive(self, now: float) -> None:
+        """H20: an idle live stream gets a comment now and then."""
+        channel = self._direct()
+        if channel is not None:
+            channel.write(KEEPALIVE_FRAME)
+            self.last_write = now
+        else:
+            self.keepalive_due = True
+            self.wake()
+
+    def stalled_since(self) -> float | None:
+        """Loop time since which the writer is stuck in `send`, if it is."""
+        return self.waiting_since if self.state in _WRITING else None
+
+    def _direct(self) -> DirectChannel | None:
+        """The channel, if a write now goes straight out ahead of nothing the writer holds."""
+        channel = self.channel
+        if channel is None or self.state is not StreamState.LIVE or not channel.writable:
+            return None
+        return channel
+
+    # -- transitions ------------------------------------------------------------------------
+
+    def opened(self) -> None:
+        """The ack and the current states are out: OPENING → LIVE."""
+        if self.state is StreamState.OPENING:
+            self.state = StreamState.LIVE
+
+    def blocking(self, now: float) -> None:
+        """The writer starts awaiting `send`: LIVE → BLOCKED (other states stay)."""
+        self.waiting_since = now
+        if self.state is StreamState.LIVE:
+            self.state = StreamState.BLOCKED
+
+    def unblocked(self, now: float) -> None:
+        """`send` returned: BLOCKED → LIVE."""
+        self.waiting_since = None
+        self.last_write = now
+        if self.state is StreamState.BLOCKED:
+            self.state = StreamState.LIVE
+
+    def finish(self, reason: EndReason) -> None:
+        """End the stream gracefully: the writer sends the completion result (H63)."""
+        if self.state in (StreamState.ENDING, StreamState.ENDED):
+            return
+        self.state = StreamState.ENDING
+        self.end_reason = reason
+        self.wake()
+
+    def lose(self) -> None:
+        """The connection is gone: send nothing more (H23, H64)."""
+        self._end(EndReason.CLIENT)
+
+    def drop_stalled(self) -> None:
+        """The client stopped reading: free its slot without a goodbye (invariant 5)."""
+        if self.state is StreamState.ENDED:
+            return
+        self._end(EndReason.SEND_TIMEOUT)
+        if self.channel is not None:
+            self.channel.abort()  # the writer's pending `send` returns; it sees the end
+        elif self.task is not None:
+            self.task.cancel()
+
+    def closed(self) -> EndReason:
+        """The writer is done (after the completion result, or on a failed write);
+        returns why the stream ended."""
+        self._end(self.end_reason or EndReason.CLIENT)
+        assert self.end_reason is not None
+        return self.end_reason
+
+    def _end(self, reason: EndReason) -> None:
+        if self.state is StreamState.ENDED:
+            return
+        if self.state is not StreamState.ENDING or reason is EndReason.SEND_TIMEOUT:
+            # The first cause is the reason: a graceful end already under way keeps its
+            # own when the client goes before the goodbye, but not when the client
+            # stopped reading and had to be dropped.
+            self.end_reason = reason
+        self.state = StreamState.ENDED
+        self.wake()
+
+    @property
+    def ended(self) -> bool:
+        return self.state is StreamState.ENDED
+
+    # -- the writer's wait ------------------------------------------------------------------
+
+    def wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def park(self) -> None:
+        """Wait for `wake`. The writer checks its state first, with no await between."""
+        self._waiter = asyncio.get_running_loop().create_future()
+        try:
+            await self._waiter
+        finally:
+            self._waiter = None

@@ -1,0 +1,171 @@
+"""The contract between hub/uvicorn_internals.py and the installed uvicorn.
+
+The adapter reaches into uvicorn's httptools protocol and its request cycle. These
+tests pin what it relies on, so an upgrade that changes any of it fails here, naming
+the part, instead of as a corrupted stream somewhere else: the attributes and methods
+exist on live objects, the methods whose behaviour the adapter repeats are the ones
+it was verified against, and a response written by the adapter is byte for byte what
+uvicorn's own `send` writes for the same response, on a real loopback connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import inspect
+import re
+from collections.abc import AsyncIterator
+from typing import Any, ClassVar
+
+import pytest
+import uvicorn
+from starlette.types import Receive, Scope, Send
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
+
+from hub import uvicorn_internals as uv
+from tests.helpers import Served, serve_app
+
+BODY = b'{"jsonrpc":"2.0","id":1,"result":{"resultType":"complete"}}'
+HEADERS = [(b"content-type", b"application/json"), (b"x-test", b"1")]
+CHUNKS = [b"data: one\n\n", b"data: two\n\n"]
+
+# What the adapter repeats of uvicorn, as verified (uvicorn 0.54.0): a change to one of
+# these needs a reading of the new code against hub/uvicorn_internals.py, then a new
+# fingerprint here.
+VERIFIED = {
+    "HttpToolsProtocol.on_response_complete": "175d1fae",
+    "HttpToolsProtocol._start_asgi_task": "c8eb8a61",
+    "HttpToolsProtocol.on_headers_complete": "620f348d",
+    "HttpToolsProtocol.data_received": "e4de670c",
+    "RequestResponseCycle.send": "f8c383f6",
+}
+
+
+def fingerprint(function: Any) -> str:
+    source = inspect.getsource(function)
+    # Comments and blank lines are not behaviour.
+    code = [line.split("#", 1)[0].rstrip() for line in source.splitlines()]
+    return hashlib.sha256("\n".join(line for line in code if line).encode()).hexdigest()[:8]
+
+
+@pytest.mark.parametrize("name", sorted(VERIFIED))
+def test_the_methods_the_adapter_repeats_are_the_verified_ones(name: str) -> None:
+    owner, method = name.split(".")
+    cls = {"HttpToolsProtocol": HttpToolsProtocol, "RequestResponseCycle": RequestResponseCycle}
+    found = fingerprint(getattr(cls[owner], method))
+    assert found == VERIFIED[name], (
+        f"uvicorn {uvicorn.__version__} changed {name} (fingerprint {found}); read it against "
+        "hub/uvicorn_internals.py before widening the pinned range"
+    )
+
+
+def test_the_seams_rely_on_uvicorns_call_sites() -> None:
+    """`Protocol` intercepts `_start_asgi_task`: uvicorn must start every request there."""
+    headers_complete = inspect.getsource(HttpToolsProtocol.on_headers_complete)
+    assert "self._start_asgi_task(self.cycle, app)" in headers_complete
+    assert "self.pipeline.appendleft((self.cycle, app))" in headers_complete
+    signature = inspect.signature(HttpToolsProtocol._start_asgi_task)
+    assert list(signature.parameters) == ["self", "cycle", "app"]
+    for method in uv.PROTOCOL_METHODS:
+        assert callable(getattr(HttpToolsProtocol, method, None)), method
+
+
+class Probe(uv.Protocol):
+    """The adapter's protocol, answering `/in-place` itself and recording what it saw."""
+
+    seen: ClassVar[list[tuple[Any, Any]]] = []
+
+    def answers_in_place(self, cycle: uv.Cycle) -> bool:
+        type(self).seen.append((self, cycle))
+        return uv.scope_of(cycle)["path"] == "/in-place"
+
+    def answer_in_place(self, cycle: uv.Cycle) -> bool:
+        uv.respond(cycle, 200, list(HEADERS), BODY)
+        return True
+
+
+async def app(scope: Scope, receive: Receive, send: Send) -> None:
+    """The same answers through uvicorn's own `send`."""
+    if scope["type"] != "http":
+        return
+    cycle = next(c for p, c in Probe.seen if uv.scope_of(c) is scope)
+    if scope["path"] == "/stream-direct":
+        await send({"type": "http.response.start", "status": 200, "headers": HEADERS})
+        for chunk in CHUNKS:
+            assert uv.chunk_writable(cycle)
+            uv.write_chunk(cycle, chunk)
+        await send({"type": "http.response.body", "body": b""})
+        return
+    if scope["path"] == "/stream":
+        await send({"type": "http.response.start", "status": 200, "headers": HEADERS})
+        for chunk in CHUNKS:
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        await send({"type": "http.response.body", "body": b""})
+        return
+    length = (b"content-length", b"%d" % len(BODY))
+    await send({"type": "http.response.start", "status": 200, "headers": [*HEADERS, length]})
+    await send({"type": "http.response.body", "body": BODY})
+
+
+@pytest.fixture
+async def served() -> AsyncIterator[Served]:
+    Probe.seen = []
+    server = await serve_app(app, Probe)
+    yield server
+    await server.stop()
+
+
+async def exchange(served: Served, *paths: str, close: bool = False) -> list[bytes]:
+    """Each path asked in turn on one connection; the raw responses, Date removed."""
+    host, port = served.url.removeprefix("http://").removesuffix("/mcp").split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    answers = []
+    try:
+        for n, path in enumerate(paths):
+            last = close and n == len(paths) - 1
+            connection = "Connection: close\r\n" if last else ""
+            request = f"POST {path} HTTP/1.1\r\nHost: x\r\n{connection}Content-Length: 2\r\n\r\n"
+            writer.write(request.encode() + b"{}")
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+            if b"transfer-encoding: chunked" in head:
+                body = await asyncio.wait_for(reader.readuntil(b"0\r\n\r\n"), 5)
+            else:
+                length = int(re.search(rb"content-length: (\d+)", head)[1])  # type: ignore[index]
+                body = await reader.readexactly(length)
+            answers.append(re.sub(rb"date: [^\r]*\r\n", b"", head + body))
+        if close:
+            assert await asyncio.wait_for(reader.read(), 5) == b""  # the server hung up
+    finally:
+        writer.close()
+    return answers
+
+
+async def test_a_whole_response_is_what_uvicorns_send_writes(served: Served) -> None:
+    in_place, through_send = await exchange(served, "/in-place", "/asgi")
+    assert in_place == through_send
+    # Both requests came over one connection: the adapter left it ready for the next.
+    assert len({id(protocol) for protocol, _ in Probe.seen}) == 1
+
+
+async def test_a_close_request_gets_connection_close_as_from_send(served: Served) -> None:
+    (in_place,) = await exchange(served, "/in-place", close=True)
+    (through_send,) = await exchange(served, "/asgi", close=True)
+    assert in_place == through_send
+    assert b"connection: close\r\n" in in_place
+
+
+async def test_direct_chunks_are_framed_as_uvicorns_send_frames_them(served: Served) -> None:
+    direct, through_send = await exchange(served, "/stream-direct", "/stream")
+    assert direct == through_send
+
+
+async def test_the_attributes_the_adapter_uses_exist_on_live_objects(served: Served) -> None:
+    await exchange(served, "/in-place")
+    protocol, cycle = Probe.seen[0]
+    for name in uv.CYCLE_ATTRIBUTES:
+        assert hasattr(cycle, name), f"RequestResponseCycle.{name}"
+    for name in uv.PROTOCOL_ATTRIBUTES:
+        assert hasattr(protocol, name), f"HttpToolsProtocol.{name}"
+    assert hasattr(cycle.flow, "write_paused")
+    assert uv.finished(cycle) and uv.body_complete(cycle)
+    assert uv.body_of(cycle) == b"{}"
