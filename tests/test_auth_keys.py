@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes
-from cryptography.hazmat.primitives.asymmetric import ec, ed25519
+from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
 from cryptography.hazmat.primitives.serialization import (
     Encoding,
     NoEncryption,
@@ -19,7 +19,6 @@ from cryptography.hazmat.primitives.serialization import (
     PublicFormat,
 )
 from cryptography.x509.oid import NameOID
-from joserfc.jwk import Key
 
 from hub.auth import Authenticator, AuthError, AuthSettings, load_keys
 from tests.test_auth_tokens import (
@@ -32,14 +31,12 @@ from tests.test_auth_tokens import (
     JWKS,
     NOW,
     RSA_KEY,
-    RSA_NATIVE,
     RSA_PEM,
     SECRET,
-    b64,
     claims,
-    public_jwk,
     sign,
 )
+from tests.tokens import b64, private_jwk, public_jwk
 
 # --- what a JWK's kid and alg pin ---------------------------------------------------------
 
@@ -74,11 +71,11 @@ def self_signed_certificate() -> bytes:
         x509.CertificateBuilder()
         .subject_name(name)
         .issuer_name(name)
-        .public_key(RSA_NATIVE.public_key())
+        .public_key(RSA_KEY.public_key())
         .serial_number(1)
         .not_valid_before(start)
         .not_valid_after(start + datetime.timedelta(days=1))
-        .sign(RSA_NATIVE, hashes.SHA256())
+        .sign(RSA_KEY, hashes.SHA256())
     )
     return certificate.public_bytes(Encoding.PEM)
 
@@ -100,7 +97,11 @@ def test_no_key_means_no_authenticator() -> None:
     ],
 )
 def test_key_files_are_recognised_by_content(
-    tmp_path: Path, text: str | bytes, key: Key, alg: str, kid: str | None
+    tmp_path: Path,
+    text: str | bytes,
+    key: rsa.RSAPrivateKey | ec.EllipticCurvePrivateKey,
+    alg: str,
+    kid: str | None,
 ) -> None:
     settings = AuthSettings(
         jwt_public_key_file=write(tmp_path, text), jwt_issuer=ISSUER, jwt_audience=AUDIENCE
@@ -154,9 +155,9 @@ BAD_KEY_FILES = [
     ),
     pytest.param(json.dumps({"keys": [public_jwk(EC_KEY, alg="ES384")]}), "no RSA", id="crv-alg"),
     pytest.param(json.dumps({"keys": [{"kty": "RSA", "n": "AQAB"}]}), "unreadable JWK", id="jwk"),
-    pytest.param(json.dumps({"keys": [RSA_KEY.as_dict(private=True)]}), "private", id="jwk-d"),
+    pytest.param(json.dumps({"keys": [private_jwk(RSA_KEY)]}), "private", id="jwk-d"),
     pytest.param(
-        RSA_NATIVE.private_bytes(Encoding.PEM, PrivateFormat.PKCS8, NoEncryption()),
+        RSA_KEY.private_bytes(Encoding.PEM, PrivateFormat.PKCS8, NoEncryption()),
         "private key",
         id="private-pem",
     ),

@@ -1,32 +1,27 @@
 """hub/auth.py, verifying a token: which JWTs pass, and for each refused one the fixed
 invalid_token reason, which never carries token bytes into a header or a log.
 
-The keys and token builders here are shared with test_auth_keys.py.
+Every token and JWK is built by hand (tests/tokens.py), never by joserfc, the library the
+hub verifies with: an attack token is exactly the bytes the test means. The keys and token
+builders here are shared with test_auth_keys.py.
 """
 
 from __future__ import annotations
 
-import base64
 import json
 import re
-import warnings
+import secrets
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
-from cryptography.hazmat.primitives.serialization import (
-    Encoding,
-    NoEncryption,
-    PrivateFormat,
-    PublicFormat,
-)
+from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from joserfc import jws, jwt
-from joserfc.jwk import ECKey, Key, OctKey, RSAKey
 
 from hub.auth import Authenticator, AuthError, Identity, load_keys, secret_key
+from tests.tokens import SigningKey, b64, compact, jwt, public_jwk
 
 NOW = 1_700_000_000.0
 SECRET = "test-secret-0123456789-abcdefghij-klmnop"
@@ -34,24 +29,23 @@ ISSUER = "https://issuer.example"
 AUDIENCE = "https://hub.example/mcp"
 DROP = object()  # a claim to leave out
 
-RSA_NATIVE = rsa.generate_private_key(public_exponent=65537, key_size=2048)
-RSA_PEM = RSA_NATIVE.public_key().public_bytes(Encoding.PEM, PublicFormat.SubjectPublicKeyInfo)
-RSA_KEY = RSAKey.import_key(
-    RSA_NATIVE.private_bytes(Encoding.PEM, PrivateFormat.PKCS8, NoEncryption())
-)
-OTHER_RSA_KEY = RSAKey.generate_key(2048)
-EC_NATIVE = ec.generate_private_key(ec.SECP256R1())
-EC_PEM = EC_NATIVE.public_key().public_bytes(Encoding.PEM, PublicFormat.SubjectPublicKeyInfo)
-EC_KEY = ECKey.import_key(
-    EC_NATIVE.private_bytes(Encoding.PEM, PrivateFormat.PKCS8, NoEncryption())
-)
-EC384_KEY = ECKey.generate_key("P-384")
-HS_KEY = OctKey.import_key(SECRET.encode())
+
+def new_rsa_key() -> rsa.RSAPrivateKey:
+    return rsa.generate_private_key(public_exponent=65537, key_size=2048)
 
 
-def public_jwk(key: Key, **params: object) -> dict[str, Any]:
-    return {**key.as_dict(private=False), **params}
+def pem(key: rsa.RSAPrivateKey | ec.EllipticCurvePrivateKey) -> bytes:
+    """The public key's PEM (SubjectPublicKeyInfo), as an operator hands it to the hub."""
+    return key.public_key().public_bytes(Encoding.PEM, PublicFormat.SubjectPublicKeyInfo)
 
+
+RSA_KEY = new_rsa_key()
+RSA_PEM = pem(RSA_KEY)
+OTHER_RSA_KEY = new_rsa_key()
+EC_KEY = ec.generate_private_key(ec.SECP256R1())
+EC_PEM = pem(EC_KEY)
+EC384_KEY = ec.generate_private_key(ec.SECP384R1())
+HS_KEY = SECRET.encode()
 
 JWKS = {
     "keys": [
@@ -59,7 +53,7 @@ JWKS = {
         public_jwk(OTHER_RSA_KEY, kid="r2", alg="RS256"),
         public_jwk(EC_KEY, kid="e1"),
         public_jwk(EC384_KEY, kid="e384"),
-        public_jwk(RSAKey.generate_key(2048), kid="enc", use="enc"),  # skipped: not for signing
+        public_jwk(new_rsa_key(), kid="enc", use="enc"),  # skipped: not for signing
     ]
 }
 
@@ -77,33 +71,30 @@ def claims(**overrides: object) -> dict[str, Any]:
     return {name: value for name, value in base.items() if value is not DROP}
 
 
-def sign(key: Key, body: dict[str, Any] | None = None, alg: str = "HS256", **header: Any) -> str:
-    """A JWT signed by joserfc; header parameters given as None are left out."""
-    protected = {"alg": alg, **{name: value for name, value in header.items() if value is not None}}
-    return jwt.encode(protected, claims() if body is None else body, key, [alg])
+def sign(
+    key: SigningKey, body: dict[str, Any] | None = None, alg: str = "HS256", **header: Any
+) -> str:
+    """A JWT of `body` (default: valid claims); header parameters given as None are left out."""
+    return jwt(claims() if body is None else body, key, alg, **header)
 
 
-def b64(data: bytes) -> str:
-    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
-
-
-def sign_raw(header: dict[str, Any], body: dict[str, Any], key: Key) -> str:
-    """Sign a header joserfc will not emit (it checks headers strictly when signing)."""
-    signing_input = f"{b64(json.dumps(header).encode())}.{b64(json.dumps(body).encode())}"
-    signature = jws.JWSRegistry.algorithms[header["alg"]].sign(signing_input.encode(), key)
-    return f"{signing_input}.{b64(signature)}"
+def sign_raw(header: dict[str, Any], body: Any, key: SigningKey) -> str:
+    """A token with exactly this header (no `typ` added) and any JSON payload."""
+    return compact(header, json.dumps(body).encode(), key)
 
 
 def unsigned(header: dict[str, Any], body: dict[str, Any]) -> str:
-    """An `alg: none` token, built by hand: the library rightly refuses to make one."""
-    return f"{b64(json.dumps(header).encode())}.{b64(json.dumps(body).encode())}."
+    """An `alg: none` token: header, payload and an empty signature."""
+    return compact(header, json.dumps(body).encode(), None)
 
 
-def alg_confusion() -> str:
-    """HS256 keyed with the RSA public key's PEM: the classic attack on `alg`-trusting code."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # joserfc warns that this key should not be an oct key
-        return sign(OctKey.import_key(RSA_PEM))
+def alg_confusion(public_pem: bytes, **header: Any) -> Callable[[], str]:
+    """HS256 keyed with the public key's PEM bytes: the classic attack on `alg`-trusting code.
+
+    Anyone holds those bytes; a verifier that lets the token's `alg` pick the algorithm
+    would check this HMAC with them and accept it.
+    """
+    return lambda: sign_raw({"alg": "HS256", "typ": "JWT", **header}, claims(), public_pem)
 
 
 def swapped_payload() -> str:
@@ -214,23 +205,26 @@ REFUSED = [
     pytest.param("hs", lambda: b64(b'["alg"]') + ".e30.e30", "malformed token", id="header-list"),
     pytest.param(
         "hs",
-        lambda: jws.serialize_compact({"alg": "HS256"}, b"[1, 2]", HS_KEY),
+        lambda: compact({"alg": "HS256"}, b"[1, 2]", HS_KEY),
         "malformed token",
         id="claims-not-object",
     ),
     pytest.param(
         "hs",
-        lambda: jws.serialize_compact({"alg": "HS256"}, b"not json", HS_KEY),
+        lambda: compact({"alg": "HS256"}, b"not json", HS_KEY),
         "malformed token",
         id="claims-not-json",
     ),
     pytest.param("hs", swapped_payload, "invalid signature", id="bad-signature"),
-    pytest.param("hs", lambda: sign(OctKey.generate_key(256)), "invalid signature", id="hs-wrong"),
+    pytest.param("hs", lambda: sign(secrets.token_bytes(32)), "invalid signature", id="hs-wrong"),
     pytest.param(
         "rs", lambda: sign(OTHER_RSA_KEY, alg="RS256"), "invalid signature", id="rs-wrong-key"
     ),
     pytest.param(
-        "es", lambda: sign(ECKey.generate_key("P-256"), alg="ES256"), "invalid signature", id="es"
+        "es",
+        lambda: sign(ec.generate_private_key(ec.SECP256R1()), alg="ES256"),
+        "invalid signature",
+        id="es",
     ),
     pytest.param(
         "jwks", lambda: sign(RSA_KEY, alg="RS256", kid="r2"), "invalid signature", id="kid-lies"
@@ -241,7 +235,14 @@ REFUSED = [
         "invalid signature",
         id="unknown-crit",
     ),
-    pytest.param("rs", alg_confusion, "algorithm not accepted", id="alg-confusion"),
+    pytest.param("rs", alg_confusion(RSA_PEM), "algorithm not accepted", id="alg-confusion"),
+    pytest.param("es", alg_confusion(EC_PEM), "algorithm not accepted", id="alg-confusion-es"),
+    pytest.param(
+        "jwks",
+        alg_confusion(RSA_PEM, kid="r1"),
+        "algorithm not accepted",
+        id="alg-confusion-jwks",
+    ),
     pytest.param("hs", lambda: sign(RSA_KEY, alg="RS256"), "algorithm not accepted", id="rs-to-hs"),
     pytest.param("rs", lambda: sign(EC_KEY, alg="ES256"), "algorithm not accepted", id="es-to-rs"),
     pytest.param("rs", lambda: sign(RSA_KEY, alg="RS512"), "algorithm not accepted", id="rs512"),

@@ -1,5 +1,6 @@
-"""deploy/Dockerfile and docker-compose.yml: a multi-stage image that runs unprivileged with a
-live healthcheck, and a compose cluster whose every variable env.example documents."""
+"""deploy/Dockerfile and docker-compose.yml: a multi-stage image built from the hash-checked
+lock that runs unprivileged with a live healthcheck, and a compose cluster whose every
+variable env.example documents. The lock itself is checked against pyproject.toml offline."""
 
 from __future__ import annotations
 
@@ -10,10 +11,13 @@ import re
 import shutil
 import subprocess
 import sys
+import tomllib
 from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 
 from tests.helpers import HubHarness
 from tests.test_deploy import (
@@ -34,15 +38,85 @@ from tests.test_deploy import (
 # -- the image -------------------------------------------------------------------------
 
 
-def test_dockerfile_is_multi_stage_from_a_wheel() -> None:
+LOCK = ROOT / "requirements.lock"
+
+
+def test_dockerfile_is_multi_stage() -> None:
     instructions = dockerfile_instructions()
     froms = [args for keyword, args in instructions if keyword == "FROM"]
     assert len(froms) >= 2 and froms[0].endswith("AS builder")
     assert ("ARG", "PYTHON_IMAGE=python:3.11-slim") in instructions
     assert froms[-1] == "${PYTHON_IMAGE}"
-    runs = " ".join(args for keyword, args in instructions if keyword == "RUN")
-    assert "pip wheel ." in runs and "python -m venv" in runs
     assert any(k == "COPY" and a.startswith("--from=builder") for k, a in final_stage())
+
+
+def builder_stage() -> list[tuple[str, str]]:
+    instructions = dockerfile_instructions()
+    froms = [i for i, (keyword, _) in enumerate(instructions) if keyword == "FROM"]
+    return instructions[froms[0] : froms[1]]
+
+
+def test_dockerfile_installs_the_lock_then_the_project_alone() -> None:
+    """Every dependency comes from requirements.lock, hash-checked; the project adds none."""
+    stage = builder_stage()
+    commands = [
+        command.strip()
+        for keyword, args in stage
+        if keyword == "RUN"
+        for command in args.split("&&")
+    ]
+    assert "python -m venv /opt/taskhub" in commands
+    lock = commands.index("/opt/taskhub/bin/pip install --require-hashes -r requirements.lock")
+    project = commands.index("/opt/taskhub/bin/pip install --no-deps .")
+    assert commands.index("python -m venv /opt/taskhub") < lock < project
+    assert commands[project + 1] == "/opt/taskhub/bin/pip check"  # the lock covers the project
+    # No other install could slip an unlocked package in.
+    installs = [c for c in commands if " install " in f"{c} "]
+    assert len(installs) == 2, installs
+    # The lock is copied before the sources, so its layer survives code changes.
+    copies = [args.split()[0] for keyword, args in stage if keyword == "COPY"]
+    assert copies[0] == "requirements.lock" and "hub" in copies and "bridge" in copies
+
+
+def locked() -> dict[str, Requirement]:
+    """requirements.lock's pins by canonical name (continuation and hash lines skipped)."""
+    pins = {}
+    for line in LOCK.read_text().splitlines():
+        if line and not line[0].isspace() and not line.startswith("#"):
+            requirement = Requirement(line.removesuffix("\\").strip())
+            pins[canonicalize_name(requirement.name)] = requirement
+    return pins
+
+
+def runtime_dependencies() -> list[Requirement]:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    return [Requirement(text) for text in project["dependencies"]]
+
+
+def test_the_lock_pins_every_runtime_dependency_within_its_range() -> None:
+    """pyproject.toml and requirements.lock agree: re-lock after changing a dependency."""
+    pins = locked()
+    for dependency in runtime_dependencies():
+        pin = pins.get(canonicalize_name(dependency.name))
+        assert pin is not None, f"{dependency.name} is not in requirements.lock"
+        (specifier,) = pin.specifier
+        assert specifier.operator == "==", pin
+        assert dependency.specifier.contains(specifier.version, prereleases=True), (
+            f"{pin} is outside pyproject.toml's {dependency}"
+        )
+
+
+def test_the_lock_is_hashed_and_says_how_to_refresh_it() -> None:
+    text = LOCK.read_text()
+    pins = locked()
+    entries = re.split(r"\n(?=\S)", text.split("\n", 2)[2].strip())  # one per pin
+    assert len(entries) == len(pins) and all("--hash=sha256:" in entry for entry in entries)
+    # uv writes the command that made the file; the README gives the same one.
+    command = text.splitlines()[1].removeprefix("#").strip()
+    assert command.startswith("uv pip compile pyproject.toml ") and "--generate-hashes" in command
+    assert "--universal" in command  # one lock for amd64 and arm64 images
+    assert command.endswith("-o requirements.lock")
+    assert command in (ROOT / "README.md").read_text()
 
 
 def test_dockerfile_runs_unprivileged_with_a_healthcheck() -> None:

@@ -83,7 +83,9 @@ class Conn:
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    passwords = {user: secrets.token_urlsafe(16) for user in USERS}
+    # nats-server parses a variable's value as config: a bare `12-x…` is a date, `3K` a size,
+    # `true` a bool, and the server refuses to start. A letter first keeps it a string.
+    passwords = {user: "pw-" + secrets.token_urlsafe(16) for user in USERS}
     server = NatsServerProcess(
         tmp_path_factory.mktemp("nats-accounts"), extra_args=["-c", str(ACCOUNTS_CONF)]
     )

@@ -22,8 +22,6 @@ import nats
 import pytest
 from cryptography.hazmat.primitives.asymmetric import rsa
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
-from joserfc import jwt
-from joserfc.jwk import OctKey, RSAKey
 
 from bridge.jetstream import ensure_bucket, ensure_control_stream
 from bridge.wire import CONTROL_STREAM, control_subject, kv_subject
@@ -38,6 +36,7 @@ from tests.helpers import (
     rpc,
     start_hub,
 )
+from tests.tokens import jwt, public_jwk
 
 SECRET = "e2e-security-secret-0123456789-abcdefgh"
 ISSUER = "https://issuer.test"
@@ -218,33 +217,33 @@ async def test_a_valid_token_is_served_on_every_endpoint(secured: Secured) -> No
         assert (await stream.next())["params"]["notifications"] == {"taskIds": [tid]}
 
 
-def _rsa_files(tmp_path: Path) -> tuple[RSAKey, Path, Path]:
-    native = rsa.generate_private_key(public_exponent=65537, key_size=2048)
-    pem = native.public_key().public_bytes(Encoding.PEM, PublicFormat.SubjectPublicKeyInfo)
-    key = RSAKey.import_key(pem_private(native))
+def new_rsa_key() -> rsa.RSAPrivateKey:
+    return rsa.generate_private_key(public_exponent=65537, key_size=2048)
+
+
+def _rsa_files(tmp_path: Path) -> tuple[rsa.RSAPrivateKey, Path, Path]:
+    key = new_rsa_key()
     pem_file = tmp_path / "key.pem"
-    pem_file.write_bytes(pem)
+    pem_file.write_bytes(
+        key.public_key().public_bytes(Encoding.PEM, PublicFormat.SubjectPublicKeyInfo)
+    )
     jwks_file = tmp_path / "jwks.json"
-    other = RSAKey.generate_key(2048)
     jwks = {
         "keys": [
-            {**key.as_dict(private=False), "kid": "k1", "use": "sig", "alg": "RS256"},
-            {**other.as_dict(private=False), "kid": "k2"},
+            public_jwk(key, kid="k1", use="sig", alg="RS256"),
+            public_jwk(new_rsa_key(), kid="k2"),
         ]
     }
     jwks_file.write_text(json.dumps(jwks))
     return key, pem_file, jwks_file
 
 
-def pem_private(native: rsa.RSAPrivateKey) -> bytes:
-    from cryptography.hazmat.primitives.serialization import NoEncryption, PrivateFormat
-
-    return native.private_bytes(Encoding.PEM, PrivateFormat.PKCS8, NoEncryption())
-
-
-def rs256(key: RSAKey, sub: str = "carol", **header: Any) -> str:
+def rs256(
+    key: rsa.RSAPrivateKey | bytes, sub: str = "carol", alg: str = "RS256", **header: Any
+) -> str:
+    """A token for `sub`, built by hand (tests/tokens.py); HS256 with `key` bytes if asked."""
     claims = {"sub": sub, "aud": AUDIENCE, "exp": time.time() + 60}
-    return jwt.encode({"alg": "RS256", **header}, claims, key, ["RS256"])
+    return jwt(claims, key, alg, **header)
 
 
 @pytest.mark.parametrize("kind", ["pem", "jwks"])
@@ -269,15 +268,11 @@ async def test_rs256_tokens_from_a_public_key_file(
         response = await harness.call(rpc("tasks/get", {"taskId": tid}, id=7), **good)
         assert response.status_code == 200
         assert response.json()["result"]["taskId"] == tid  # principal = sub = the owner
-        # Someone else's key, an HS256 token (alg confusion), an unknown kid: all refused.
+        # Someone else's key; HS256 keyed with the public key file's bytes (alg confusion:
+        # anyone can read them); an unknown kid: all refused.
         refused = {
-            "invalid signature": rs256(RSAKey.generate_key(2048), **kid),
-            "algorithm not accepted": jwt.encode(
-                {"alg": "HS256", **kid},
-                {"sub": "carol", "aud": AUDIENCE},
-                OctKey.import_key(SECRET.encode()),
-                ["HS256"],
-            ),
+            "invalid signature": rs256(new_rsa_key(), **kid),
+            "algorithm not accepted": rs256(pem_file.read_bytes(), alg="HS256", **kid),
         }
         if kind == "jwks":
             refused["unknown key id"] = rs256(key, kid="nope")
