@@ -38,7 +38,7 @@ class Config:
     log_level: str = "info"
     workers: int = 1
     insecure_no_auth: bool = False
-    # Authentication (DESIGN.md "Auth"); no key = open hub, principal "anonymous".
+    # Authentication (H5); no key = open hub, principal "anonymous".
     jwt_secret: str | None = None
     jwt_public_key_file: Path | None = None
     jwt_issuer: str | None = None
@@ -211,6 +211,11 @@ _OPTIONS: list[tuple[str, Callable[[str], Any], str]] = [
         "seconds a client may take to send a request head, from connecting or the last response",
     ),
     ("body-timeout", _positive_float, "seconds a client may take to send a request body"),
+    (
+        "send-timeout",
+        _positive_float,
+        "seconds a listen stream may stay blocked on a write before it is dropped",
+    ),
     ("nats-user", str, "NATS user"),
     ("nats-password", str, "NATS password"),
     ("nats-token", str, "NATS token"),

@@ -1,0 +1,102 @@
+"""README.md against the real CLI: every `taskhub serve` flag the README names exists, and
+every flag `taskhub serve --help` lists has a row in the configuration table.
+
+The README once promised a `--send-timeout` that did not exist. Flags of other commands
+(`python -m bench --quick`, `pip install --no-deps .`, `mypy --strict`) are told apart by
+the command they follow; the few named bare in prose are listed in OTHER_COMMANDS.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from hub.cli import main
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+FLAG = re.compile(r"(?<![\w-])--[a-z][a-z0-9-]*")
+FENCE = re.compile(r"^```[^\n]*\n(.*?)^```", re.MULTILINE | re.DOTALL)
+CODE_SPAN = re.compile(r"`([^`\n]+)`")
+SERVE = re.compile(r"\btaskhub serve\b")
+# Flags of other commands that the README names in prose without their command.
+OTHER_COMMANDS = {
+    "--upgrade": "uv pip compile (Reproducible installs)",
+    "--shutdown-grace": "the examples/fleet servers (Task tools for the mcp SDK)",
+}
+
+
+def cli_flags() -> set[str]:
+    """The long options of `taskhub serve`, read from its --help as a user sees them."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), pytest.raises(SystemExit) as exited:
+        main(["serve", "--help"])
+    assert exited.value.code == 0
+    options = re.findall(r"^ {2}(?:-\w, )?(--[a-z][a-z0-9-]*)", out.getvalue(), re.MULTILINE)
+    return set(options) - {"--help"}
+
+
+def commands(text: str) -> Iterator[str]:
+    """Every command the README shows: code-block lines and inline code spans outside them,
+    each split at `&&`, `;` and `|`. Flags in plain prose are an error: whose are they?"""
+    prose = FENCE.sub("", text)
+    for block in FENCE.findall(text):
+        for line in block.splitlines():
+            yield from re.split(r"&&|;|\|", line)
+    for span in CODE_SPAN.findall(prose):
+        yield from re.split(r"&&|;|\|", span)
+    stray = FLAG.findall(CODE_SPAN.sub("", prose))
+    assert not stray, f"README names flags outside code spans: {stray}"
+
+
+def serve_flags_named(text: str) -> set[str]:
+    """Flags the README gives to `taskhub serve`: after that command, or bare in a code span."""
+    named: set[str] = set()
+    for command in commands(text):
+        serve = SERVE.search(command)
+        if serve is not None:
+            named.update(FLAG.findall(command[serve.end() :].split("#")[0]))
+        elif command.strip().startswith("--"):
+            flag = FLAG.match(command.strip())
+            if flag is not None and flag.group() not in OTHER_COMMANDS:
+                named.add(flag.group())
+        # Anything else is another command (pip, uv, python -m bench, mypy): not ours.
+    return named
+
+
+def table_flags(text: str) -> list[str]:
+    """The first column of the configuration table."""
+    section = text.split("\n## Configuration\n", 1)[1].split("\n## ", 1)[0]
+    return re.findall(r"^\| `(--[a-z][a-z0-9-]*)` \|", section, re.MULTILINE)
+
+
+def test_every_serve_flag_the_readme_names_exists() -> None:
+    named = serve_flags_named(README.read_text())
+    assert "--send-timeout" in named and "--nats-url" in named  # prose and commands count
+    assert named - cli_flags() == set(), "the README names flags `taskhub serve` lacks"
+
+
+def test_the_configuration_table_lists_every_flag_once() -> None:
+    table = table_flags(README.read_text())
+    assert len(table) == len(set(table)), "a flag has two rows"
+    flags = cli_flags()
+    assert flags - set(table) == set(), "flags missing from the README's configuration table"
+    assert set(table) - flags == set(), "table rows for flags `taskhub serve` lacks"
+
+
+def test_other_commands_flags_do_not_count() -> None:
+    text = """
+```sh
+python -m bench --quick          # the --json flag prints JSON
+pip install --no-deps . && taskhub serve --port 1 | tee log
+```
+Run `taskhub serve --host 0.0.0.0` or `python -m examples.fleet.run --decline`; `--workers N`,
+`mypy --strict`, and uv's `--upgrade`.
+"""
+    assert serve_flags_named(text) == {"--port", "--host", "--workers"}
+    with pytest.raises(AssertionError, match="outside code spans"):
+        serve_flags_named("add --seed 1 to repeat")
