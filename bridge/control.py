@@ -1,4 +1,4 @@
-"""Receive the hub's forwarded tasks/update and tasks/cancel (contract 3; spec §4.5, §4.6).
+"""Receive the hub's forwarded tasks/update and tasks/cancel (contract 3; H49, H51).
 
 One durable pull consumer per server id reads `mcp.tasks.ctl.<server>` and hands each
 message to the server's handlers one at a time, in order, after re-reading the task from
@@ -6,13 +6,13 @@ the KV leader. Serial handling plus that re-read is why a duplicated client upda
 harmless: the second copy finds its keys already answered and is dropped.
 
 Guarantees, per input key: the input handler receives a key once it is outstanding, and
-then no more, because `answer()` removes it before the message is acked (§4.5: keys not
+then no more, because `answer()` removes it before the message is acked (H49: keys not
 outstanding are ignored). It is at-least-once only when the process dies between the
 handler's success and the `answer()` write; a failed `answer()` in a live process is
 retried without calling the handler again. A handler that raises gets its message back
 with a delay; after `max_deliveries` the message is a dead letter: logged, counted, termed.
 Each cancel message calls the cancel handler while the task is live (again if the handler
-raised), so a repeated tasks/cancel calls it again: cancellation is cooperative (§4.6) and
+raised), so a repeated tasks/cancel calls it again: cancellation is cooperative (H51) and
 the handler decides, idempotently, whether and when to write `cancelled()`.
 """
 
@@ -98,7 +98,7 @@ def refusal(record: TaskRecord | None, message: ControlMessage, server_id: str) 
         if record.task.status != "input_required":
             return "task is not input_required"
         if not outstanding(record, message):
-            return "no outstanding input key"  # §4.5: never issued, answered or superseded
+            return "no outstanding input key"  # H49: never issued, answered or superseded
     return None
 
 

@@ -1,4 +1,4 @@
-"""The task state machine (spec §4.1, §4.2, §4.5) as pure functions: task in, task out.
+"""The task state machine (docs/protocol.md#status-transitions) as pure functions.
 
 No I/O and no clock: the caller passes `now`, so every rule is testable without NATS, and
 whatever these functions return already passes `wire.check_task`. Terminal states are
@@ -7,7 +7,7 @@ why the envelope remembers every key ever issued (`BridgeEnvelope.issuedInputKey
 
 statusMessage: replaced when a new one is given; kept while the status stays the same;
 cleared when the status changes, since a message describes the status it was written for
-(a `failed` task defaults it to the error message, spec §4.1 SHOULD).
+(a `failed` task defaults it to the error message, H40).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ INPUT_METHODS: frozenset[str] = frozenset(
 )
 _MAX_SAFE = 2**53 - 1
 
-# Every edge of §4.2, plus the self-loops of the two live states (progress updates).
+# The edges of docs/protocol.md#status-transitions, with the live states' self-loops (progress).
 _LIVE: frozenset[str] = frozenset({"working", "input_required"})
 
 
@@ -43,7 +43,7 @@ class InvalidPayload(ValueError):
 
 
 class InputKeyReused(InvalidPayload):
-    """An inputRequests key that this task already issued once (spec §4.5)."""
+    """An inputRequests key that this task already issued once (H45)."""
 
 
 class BridgeEnvelope(Envelope):
@@ -160,7 +160,7 @@ def to_input_required(
 ) -> DetailedTask:
     """Ask the client for input: add `input_requests` to the outstanding ones.
 
-    Requests already outstanding stay outstanding (tasks/get lists every one, §4.4). A key
+    Requests already outstanding stay outstanding (tasks/get lists every one, H38). A key
     in `issued_keys` may not be issued again, except to repeat an outstanding request
     unchanged, which keeps a retried call idempotent.
     """
@@ -199,7 +199,7 @@ def to_failed(
     *,
     status_message: str | None = None,
 ) -> DetailedTask:
-    """A JSON-RPC error raised by the underlying request (and only that, spec §4.1)."""
+    """A JSON-RPC error raised by the underlying request (and only that, H39)."""
     if not isinstance(error, TaskError):
         try:
             error = msgspec.convert(error, TaskError)
@@ -218,7 +218,7 @@ def to_cancelled(
 def answer(task: DetailedTask, keys: Iterable[str], now: datetime) -> DetailedTask:
     """Drop the answered keys; back to working once nothing is outstanding.
 
-    Keys that are not outstanding are ignored (spec §4.5 SHOULD), and so is a task that
+    Keys that are not outstanding are ignored (H49), and so is a task that
     is not input_required: the same task object comes back when nothing changed.
     """
     if isinstance(keys, str):

@@ -2,11 +2,11 @@
 
 A body written against `TaskContext` runs two ways. As a task (`TaskRun`), `report()` is
 the task's `statusMessage` and `ask()` writes fresh `inputRequests` keys (uuid4: unique for
-the task's whole life, spec §4.5) and waits until the hub forwards the answer. Inline, for a
+the task's whole life, H45) and waits until the hub forwards the answer. Inline, for a
 synchronous call (`InlineRun`), `report()` becomes `notifications/progress` on the request's
 own stream and `ask()` fails with -32021, because on 2026-07-28 a server can only ask for
 input mid-call through a task. Questions are gated on the capabilities the *originating*
-tools/call declared (spec §5 MRTR rule, §8 item 15), since pollers may declare others.
+tools/call declared (D15), since pollers may declare others.
 """
 
 from __future__ import annotations
@@ -34,11 +34,11 @@ if TYPE_CHECKING:
 
     from bridge.bridge import TaskBridge
 
-InputRequest = Mapping[str, Any]  # {"method": "elicitation/create", "params": {...}} (spec §5)
+InputRequest = Mapping[str, Any]  # {"method": "elicitation/create", "params": {...}}
 
 
 def missing_capability(required: Mapping[str, Any], message: str) -> MCPError:
-    """-32021 with the capabilities the caller must declare (spec §1.4)."""
+    """-32021 with the capabilities the caller must declare (H31)."""
     return MCPError(
         code=MISSING_REQUIRED_CLIENT_CAPABILITY,
         message=message,
@@ -72,7 +72,7 @@ def required_capability(
 
 
 def elicitation_form(message: str, requested_schema: Mapping[str, Any]) -> dict[str, Any]:
-    """A form-mode `elicitation/create` input request (spec §5)."""
+    """A form-mode `elicitation/create` input request (docs/protocol.md#task-input)."""
     return {
         "method": "elicitation/create",
         "params": {"mode": "form", "message": message, "requestedSchema": dict(requested_schema)},

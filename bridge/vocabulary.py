@@ -7,6 +7,9 @@ interoperability bug, so every module takes them from here.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 PROTOCOL_VERSION = "2026-07-28"
 # The revisions the hub serves at `/mcp` (H10: anything else is -32022).
 SUPPORTED_VERSIONS: tuple[str, ...] = (PROTOCOL_VERSION,)
@@ -19,3 +22,10 @@ CLIENT_CAPABILITIES_KEY = "io.modelcontextprotocol/clientCapabilities"
 CLIENT_INFO_KEY = "io.modelcontextprotocol/clientInfo"
 SERVER_INFO_KEY = "io.modelcontextprotocol/serverInfo"
 SUBSCRIPTION_ID_KEY = "io.modelcontextprotocol/subscriptionId"
+
+
+def declares_tasks(capabilities: Mapping[str, Any]) -> bool:
+    """Whether `clientCapabilities` declare the tasks extension: its key under
+    `extensions`, with an object as its value (the schema's `{[id]: object}`)."""
+    extensions = capabilities.get("extensions")
+    return isinstance(extensions, Mapping) and isinstance(extensions.get(TASKS_EXTENSION), Mapping)

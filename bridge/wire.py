@@ -1,4 +1,4 @@
-"""The NATS wire format shared by every task writer and the hub (DESIGN.md contract 3).
+"""The NATS wire format shared by every task writer and the hub (contract 3, docs/architecture.md).
 
 Values are decoded here, once, at the edge: a reader gets a typed `Envelope` or an
 `InvalidEnvelope` naming what was wrong, never a half-checked dict. Any language can
@@ -7,6 +7,7 @@ write this format; the hub trusts nothing it reads.
 
 from __future__ import annotations
 
+import hashlib
 import re
 from datetime import datetime
 from typing import Annotated, Any, Literal
@@ -46,6 +47,15 @@ def is_task_id(value: object) -> bool:
     return isinstance(value, str) and TASK_ID_RE.fullmatch(value) is not None
 
 
+def control_message_id(request_id: bytes, principal: str, data: bytes) -> str:
+    """The `Nats-Msg-Id` of a forwarded update or cancel: the same request retried (same
+    JSON-encoded id, caller and message) is stored once by JetStream's de-duplication."""
+    digest = hashlib.blake2b(digest_size=16)
+    for part in (request_id, principal.encode(), data):
+        digest.update(len(part).to_bytes(4, "big") + part)
+    return digest.hexdigest()
+
+
 # A KV delete or purge, by a client: the `KV-Operation` header.
 _REMOVED_OPS = frozenset({"DEL", "PURGE"})
 # A marker the server leaves when a message TTL, a limit or a purge removed the value
@@ -70,7 +80,7 @@ class TaskError(Struct, omit_defaults=True):
 
 
 class DetailedTask(Struct, omit_defaults=True):
-    """What `tasks/get` returns, minus `resultType` and `_meta` (spec §4.1).
+    """What `tasks/get` returns, minus `resultType` and `_meta` (docs/protocol.md#task-state).
 
     Field order is the wire order. `ttlMs` has no default so it is always present
     (`null` = unlimited); the variant fields are omitted when unset.
@@ -132,7 +142,7 @@ def check_task(task: DetailedTask) -> None:
             parse_timestamp(getattr(task, name))
         except ValueError as exc:
             raise InvalidEnvelope(f"{name} is not an ISO 8601 timestamp: {exc}") from None
-    # Each status carries exactly its own variant field (spec §4.1).
+    # Each status carries exactly its own variant field (H39).
     expected = {
         "input_required": "inputRequests",
         "completed": "result",

@@ -1,1 +1,1 @@
-"""taskhub: the MCP Tasks push-notification and subscription hub (DESIGN.md)."""
+"""taskhub: the MCP Tasks push-notification and subscription hub (docs/architecture.md)."""

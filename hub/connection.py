@@ -4,9 +4,10 @@ Deadlines. uvicorn's only timer is the keep-alive one, armed after a response an
 cancelled by the first byte that arrives, so a client that trickles its headers one
 byte at a time would keep the connection forever. Here a connection owes a complete
 request head within `--header-timeout` of being opened or of its previous response
-(which also bounds an idle keep-alive). One sweep per server, four times per deadline,
-closes the overdue, instead of two timers armed and cancelled per request. Bodies get
-their own deadline where they are read (hub/endpoint.py).
+(which also bounds an idle keep-alive). One sweep per server, every quarter deadline
+and at least once a second, closes the overdue, instead of two timers armed and
+cancelled per request. Bodies get their own deadline where they are read
+(hub/endpoint.py).
 
 Direct writes. ASGI's `send` is a coroutine, and uvicorn writes a response's head and
 body in two system calls; pushing a frame through it costs a task wake-up per stream

@@ -1,6 +1,6 @@
 """`POST /mcp`: Streamable HTTP 2026-07-28, stateless, with no framework in the way.
 
-Checks run in the order of the wire digest §2.5, all before any SSE byte: method
+Checks run in the order of docs/protocol.md#validation-order, all before any SSE byte: method
 (405, CORS preflight), Origin (403), credentials (401), body (413/408), then the
 message itself (hub/protocol.py) and its method (hub/handlers.py). Every check but the
 body read and the dispatch is a plain function returning either what the next step

@@ -87,7 +87,7 @@ class Fanout:
         if coalesced:
             self._metrics.coalesced_frames.inc(coalesced)
         if snapshot.terminal:
-            # §8 item 18: nothing follows a terminal state; stop tracking the task.
+            # D18: nothing follows a terminal state; stop tracking the task.
             del self._by_task[snapshot.task_id]
             for subscriber in followers:
                 subscriber.task_ids.discard(snapshot.task_id)

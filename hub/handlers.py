@@ -7,13 +7,12 @@ nothing about tasks it does not own (invariant 3, H46).
 
 from __future__ import annotations
 
-import hashlib
 import time
 
 import msgspec
 
 from bridge.vocabulary import SERVER_INFO_KEY, SUPPORTED_VERSIONS, TASKS_EXTENSION
-from bridge.wire import CancelMessage, UpdateMessage, encode
+from bridge.wire import CancelMessage, UpdateMessage, control_message_id, encode
 from hub import jsonrpc
 from hub.auth import Identity
 from hub.cache import TaskSnapshot
@@ -53,11 +52,13 @@ def discover(request: Request) -> bytes:
 async def find_task(hub: Hub, task_id: str, principal: str) -> TaskSnapshot | None:
     """The caller's task, or None when it is unknown, expired or someone else's."""
     try:
+        cached = hub.cache.get(task_id) is not None
         snapshot = await hub.source.read_through(task_id)
         if snapshot is not None and snapshot.owner != principal:
-            # Same timing class as an unknown task, which costs a store read: a
-            # cached foreign task must not answer faster than a missing one (H46).
-            if hub.cache.get(task_id) is not None:
+            # Same timing class as an unknown task, which costs one store read: a
+            # cached foreign task must not answer faster than a missing one (H46),
+            # nor an uncached one (just read through) slower.
+            if cached:
                 await hub.source.read_store(task_id)
             return None
     except StoreUnavailable as exc:
@@ -97,7 +98,7 @@ def _get_result(request: Request, snapshot: TaskSnapshot) -> bytes:
 
 
 def _pace_poll(hub: Hub, principal: str, task_id: str, snapshot: TaskSnapshot | None) -> None:
-    """429 for a caller polling one task faster than its pollIntervalMs (§4.4, §8 item 20).
+    """429 for a caller polling one task faster than its pollIntervalMs (D20).
 
     Unknown and foreign tasks are paced too, at the default interval, so the answer
     never tells them apart.
@@ -118,7 +119,7 @@ def _pace_poll(hub: Hub, principal: str, task_id: str, snapshot: TaskSnapshot | 
 async def tasks_update(hub: Hub, request: Request, principal: str) -> bytes:
     """`tasks/update` (H47–H50): forward the answers to the owning server, durably.
 
-    The ack means "stored for the owner", not "applied" (§4.5: eventually consistent);
+    The ack means "stored for the owner", not "applied" (H47: eventually consistent);
     the server ignores keys that are not outstanding (H49). The client's token never
     travels upstream, only its principal (H54).
     """
@@ -133,7 +134,7 @@ async def tasks_update(hub: Hub, request: Request, principal: str) -> bytes:
 
 
 async def tasks_cancel(hub: Hub, request: Request, principal: str) -> bytes:
-    """`tasks/cancel` (H51–H53): cooperative; a terminal task is acked unchanged (§8 item 23)."""
+    """`tasks/cancel` (H51–H53): cooperative; a terminal task is acked unchanged (D23)."""
     assert request.task_id is not None
     snapshot = await find_task(hub, request.task_id, principal)
     if snapshot is None:
@@ -145,21 +146,18 @@ async def tasks_cancel(hub: Hub, request: Request, principal: str) -> bytes:
 
 
 async def _forward(hub: Hub, snapshot: TaskSnapshot, data: bytes, request: Request) -> None:
-    # The same request retried (same caller, id and content) is de-duplicated by JetStream.
-    digest = hashlib.blake2b(digest_size=16)
-    for part in (jsonrpc.encode_id(request.id), snapshot.owner.encode(), data):
-        digest.update(len(part).to_bytes(4, "big") + part)
+    msg_id = control_message_id(jsonrpc.encode_id(request.id), snapshot.owner, data)
     try:
-        await hub.source.publish_control(snapshot.server, data, digest.hexdigest())
+        await hub.source.publish_control(snapshot.server, data, msg_id)
     except StoreUnavailable as exc:
         raise jsonrpc.internal_error(str(exc)) from exc
 
 
 async def subscriptions_listen(hub: Hub, request: Request, identity: Identity) -> ListenStream:
-    """`subscriptions/listen` (H55–H65, §8 items 16–18).
+    """`subscriptions/listen` (H55–H65, D16–D18).
 
     Follow the requested tasks *before* reading their state, so a change landing in
-    between is queued rather than lost (§8 item 17); the ack then names the granted
+    between is queued rather than lost (D17); the ack then names the granted
     subset and the current states follow it.
     """
     principal = identity.principal
@@ -188,7 +186,7 @@ async def subscriptions_listen(hub: Hub, request: Request, identity: Identity) -
                 granted.append(task_id)
                 subscriber.offer(snapshot)
         hub.fanout.narrow(subscriber, granted)
-        # A terminal state never changes (§8 item 18): send it once, follow no further.
+        # A terminal state never changes (D18): send it once, follow no further.
         for task_id in granted:
             if subscriber.backlog[task_id].terminal:
                 hub.fanout.unfollow(subscriber, task_id)

@@ -1,4 +1,4 @@
-"""Header values of Streamable HTTP (spec §2.2, §2.3): plain-safe values and the base64 sentinel.
+"""Routing header values (docs/protocol.md#routing-header-values): plain-safe values, base64.
 
 Servers MUST decode `=?base64?…?=` before comparing a header with the body (H14), and a value
 that is neither plain-safe nor a well-formed sentinel is a header mismatch (H15).
@@ -42,7 +42,7 @@ def _looks_like_sentinel(value: str) -> bool:
 def encode_header_value(value: str) -> str:
     """The client rule: plain-safe values go as they are, anything else as a sentinel.
 
-    A plain value that already looks like a sentinel is encoded too (§2.3), so every value
+    A plain value that already looks like a sentinel is encoded too (H14), so every value
     round-trips. Raises UnicodeEncodeError for strings that are not valid Unicode (lone
     surrogates), which JSON could not carry either.
     """
@@ -57,7 +57,7 @@ def decode_header_value(raw: str, *, name: str = "header") -> str:
 
     `raw` is what the HTTP server hands over (latin-1 decoded), so any character outside the
     plain-safe set is invalid rather than "Unicode". A malformed sentinel (non-canonical or bad
-    base64, invalid UTF-8) counts as invalid characters (§2.3 recommendation).
+    base64, invalid UTF-8) counts as invalid characters (H15).
     """
     if _looks_like_sentinel(raw):
         if len(raw) < len(SENTINEL_PREFIX) + len(SENTINEL_SUFFIX):

@@ -1,7 +1,8 @@
 """JSON-RPC framing and errors: every error the hub sends is an `RpcError`, every reply these bytes.
 
-Errors live in one place so codes and HTTP statuses stay consistent (spec §1.4); replies are
-spliced from pre-encoded pieces so hot paths never re-encode the envelope.
+Errors live in one place so codes and HTTP statuses stay consistent
+(docs/protocol.md#error-codes); replies are spliced from pre-encoded pieces so hot paths
+never re-encode the envelope.
 """
 
 from __future__ import annotations
@@ -20,12 +21,12 @@ INVALID_REQUEST = -32600
 METHOD_NOT_FOUND = -32601
 INVALID_PARAMS = -32602
 INTERNAL_ERROR = -32603
-# MCP codes (spec §1.4); H70: never emit any other code from -32020..-32099.
+# MCP codes (docs/protocol.md#error-codes); H70: never emit any other code from -32020..-32099.
 HEADER_MISMATCH = -32020
 MISSING_CAPABILITY = -32021
 UNSUPPORTED_VERSION = -32022
 
-# The hub's own codes, outside -32768..-32000 as the spec asks (§1.4, §8 item 20).
+# The hub's own codes, outside -32768..-32000 as the spec asks (H70, D20).
 UNAUTHORIZED = -31401
 RATE_LIMITED = -31429
 
@@ -64,7 +65,7 @@ class RpcError(Exception):
         self.code = code
         self.message = message
         self.data = data  # None = no "data" member
-        # §8 item 8: task-level errors (unknown task) travel on HTTP 200; transport-level
+        # D8: task-level errors (unknown task) travel on HTTP 200; transport-level
         # ones carry the status the spec pins (400 for -32020/-32021/-32022, 404 for -32601).
         self.http_status = http_status
         self.headers: dict[str, str] = headers if headers is not None else {}
@@ -133,7 +134,7 @@ def unsupported_version(requested: str, supported: Sequence[str]) -> RpcError:
 
 
 def rate_limited(message: str, retry_after: str) -> RpcError:
-    """§8 item 20: HTTP 429 with Retry-After and an application code."""
+    """D20: HTTP 429 with Retry-After and an application code."""
     return RpcError(RATE_LIMITED, message, http_status=429, headers={"Retry-After": retry_after})
 
 
@@ -181,7 +182,7 @@ def encode_result(request_id: RequestId, result: dict[str, Any]) -> bytes:
 
 def complete_ack(request_id: RequestId) -> bytes:
     """`{"resultType":"complete"}` plus serverInfo: the tasks/update and tasks/cancel reply
-    (H47, H51; §8 item 4)."""
+    (H47, H51; D4)."""
     return (
         _HEAD
         + b',"id":'

@@ -21,7 +21,7 @@ class _Bucket:
 class PollLimiter:
     """A token bucket per (principal, task): one token per `pollIntervalMs`, `burst` deep.
 
-    Clients SHOULD poll no faster than `pollIntervalMs` (spec §4.4); the burst leaves
+    Clients SHOULD poll no faster than `pollIntervalMs` (D20); the burst leaves
     room for retries and several tabs before anyone sees a 429.
     """
 

@@ -1,7 +1,8 @@
 """Validation of one `POST /mcp` message: headers and body in, a `Request` or `RequestError` out.
 
-Steps 4–14 of the wire digest §2.5 as one pure function, so every rule is unit-tested and the
-HTTP layer only moves bytes (steps 1–3, 405/Origin/auth, stay there; so does dispatch).
+Steps 4–14 of docs/protocol.md#validation-order as one pure function, so every rule is
+unit-tested and the HTTP layer only moves bytes (steps 1–3, 405/Origin/auth, stay there;
+so does dispatch).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from bridge.vocabulary import (
     CLIENT_CAPABILITIES_KEY,
     PROTOCOL_VERSION_KEY,
     SUPPORTED_VERSIONS,
-    TASKS_EXTENSION,
+    declares_tasks,
 )
 from hub import jsonrpc
 from hub.headers import decode_header_value, is_plain_safe
@@ -113,7 +114,7 @@ def _read_envelope(body: bytes) -> _Call | Notification:
     if not isinstance(message, dict):
         raise RequestError(jsonrpc.invalid_request("Invalid request: expected a JSON object"))
     if "method" not in message and ("result" in message or "error" in message):
-        # §2.1: clients never send responses; its id names no request of theirs.
+        # H1: clients never send responses; its id names no request of theirs.
         raise RequestError(jsonrpc.invalid_request("Invalid request: responses are not accepted"))
     request_id: RequestId | None = None
     if "id" in message:
@@ -182,7 +183,7 @@ def _validate(headers: Mapping[str, str], call: _Call) -> Request:
     if call.method not in METHODS:  # H17, H18
         raise jsonrpc.method_not_found(call.method)
 
-    declared = _declares_tasks(capabilities)  # H30: this request's own _meta only
+    declared = declares_tasks(capabilities)  # H30: this request's own _meta only
     request = Request(
         id=call.id,
         method=call.method,
@@ -200,12 +201,12 @@ def _validate(headers: Mapping[str, str], call: _Call) -> Request:
 def _task_request(headers: Mapping[str, str], request: Request) -> Request:
     """tasks/get|update|cancel: steps 12–14."""
     raw_name = headers.get(_NAME_HEADER)
-    if raw_name is None:  # H13, §8 item 9: enforced strictly
+    if raw_name is None:  # H13, D9: enforced strictly
         raise jsonrpc.header_mismatch(f"required header Mcp-Name is missing for {request.method}")
     name = decode_header_value(raw_name, name="Mcp-Name")  # H14, H15
     task_id = request.params.get("taskId")
     # Only a string taskId can be compared; any other taskId is bad params (step 14), reported
-    # after the capability check so the step order stays that of §2.5.
+    # after the capability check so the step order stays that of docs/protocol.md#validation-order.
     if isinstance(task_id, str) and name != task_id:  # H13
         raise _mismatch("Mcp-Name", name, task_id)
     if not request.declared_tasks:  # H31
@@ -217,13 +218,13 @@ def _task_request(headers: Mapping[str, str], request: Request) -> Request:
     if request.method != "tasks/update":
         return msgspec.structs.replace(request, task_id=task_id)
     input_responses = request.params.get("inputResponses")
-    if not isinstance(input_responses, dict):  # §4.5: required; its entries stay opaque
+    if not isinstance(input_responses, dict):  # required; its entries stay opaque (D11)
         raise jsonrpc.invalid_params("params.inputResponses must be an object")
     return msgspec.structs.replace(request, task_id=task_id, input_responses=input_responses)
 
 
 def _listen_request(headers: Mapping[str, str], request: Request) -> Request:
-    """subscriptions/listen: §8 item 21, then H55, H32 and the taskIds shape."""
+    """subscriptions/listen: D21, then H55, H32 and the taskIds shape."""
     if not _accepts_event_stream(headers.get(_ACCEPT_HEADER)):
         message = "Invalid request: subscriptions/listen needs Accept: text/event-stream"
         raise jsonrpc.invalid_request(message)
@@ -241,13 +242,8 @@ def _listen_request(headers: Mapping[str, str], request: Request) -> Request:
     return msgspec.structs.replace(request, task_ids=tuple(dict.fromkeys(raw_ids)))
 
 
-def _declares_tasks(capabilities: dict[str, Any]) -> bool:
-    extensions = capabilities.get("extensions")
-    return isinstance(extensions, dict) and isinstance(extensions.get(TASKS_EXTENSION), dict)
-
-
 def _accepts_event_stream(accept: str | None) -> bool:
-    """§8 item 21 (hub choice): refuse only an Accept that lists media ranges, none of them SSE.
+    """D21 (hub choice): refuse only an Accept that lists media ranges, none of them SSE.
 
     An absent or empty Accept is tolerated. Parameters (including q) are ignored.
     """
@@ -259,7 +255,7 @@ def _accepts_event_stream(accept: str | None) -> bool:
 
 
 def _mismatch(header: str, header_value: str, body_value: str) -> RpcError:
-    """The message format of the spec's own example (§1.4), informative per H72."""
+    """The message format of the spec's own example informative per H72."""
     return jsonrpc.header_mismatch(
         f"{header} header value '{shorten(header_value)}' "
         f"does not match body value '{shorten(body_value)}'"

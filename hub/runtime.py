@@ -62,7 +62,8 @@ class Hub:
         ]
 
     def begin_shutdown(self) -> None:
-        """Stop taking subscriptions and end every listen stream gracefully (H63)."""
+        """End every listen stream gracefully (H63); a listen request still arriving gets its
+        ack and current states, then its completion result at once."""
         if not self.closing:
             log.info("shutting down: closing %d listen streams", len(self.fanout))
         self.closing = True

@@ -1,4 +1,4 @@
-"""Configuration from flags and TASKHUB_* variables (DESIGN.md contract 1)."""
+"""Configuration from flags and TASKHUB_* variables (contract 1)."""
 
 from __future__ import annotations
 

@@ -143,7 +143,7 @@ async def test_only_outstanding_keys_reach_the_handler(bridge: TaskBridge, js: A
     assert stats.processed == 1
     assert calls.inputs == [(tid, {"a": YES})]
     task = (await stored(bridge, tid)).task
-    assert task.status == "input_required"  # a partial answer (§4.5 MAY)
+    assert task.status == "input_required"  # a partial answer (H50)
     assert task.inputRequests == {"b": ELICIT}  # only the rest is still outstanding
 
 

@@ -1,4 +1,4 @@
-"""hub/headers.py: plain-safe values and the base64 sentinel (spec §2.3, H14, H15)."""
+"""hub/headers.py: plain-safe values and the base64 sentinel (H14, H15)."""
 
 from __future__ import annotations
 
@@ -54,7 +54,7 @@ def test_plain_values_pass_through(value: str) -> None:
         pytest.param("a\x7fb", id="del"),
         pytest.param("caf\xe9", id="latin-1-byte"),
         pytest.param("世界", id="non-latin"),
-        # Malformed sentinels count as invalid characters (§2.3 recommendation).
+        # Malformed sentinels count as invalid characters (H15).
         pytest.param("=?base64?=", id="overlapping-markers"),
         pytest.param("=?base64?SGk?=", id="missing-padding"),
         pytest.param("=?base64?SGk==?=", id="excess-padding"),

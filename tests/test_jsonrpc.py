@@ -57,7 +57,7 @@ def test_constructors(err: RpcError, code: int, status: int, data: Any) -> None:
     assert str(err) == err.message
 
 
-def test_messages_are_informative() -> None:  # H72, spec §4.4 wording
+def test_messages_are_informative() -> None:  # H72, H42 wording
     assert jsonrpc.task_not_found().message == "Failed to retrieve task: Task not found"
     assert jsonrpc.method_not_found("tasks/list").message == "Method not found: tasks/list"
     assert jsonrpc.header_mismatch("Mcp-Name differs").message.startswith("Header mismatch: ")

@@ -77,7 +77,7 @@ async def test_several_outstanding_questions_answered_one_by_one(fleet: Fleet) -
 
 
 async def test_question_the_call_did_not_declare_fails_the_task(fleet: Fleet) -> None:
-    """MRTR rule (§5, §8 item 15): ask only for what the originating tools/call declared."""
+    """D15: ask only for what the originating tools/call declared."""
     tasks_only: dict[str, Any] = {"extensions": {TASKS_EXT: {}}}
     response = await call_tool(fleet.url, "confirm", {"question": "?"}, caps=tasks_only)
     task_id = response.json()["result"]["taskId"]

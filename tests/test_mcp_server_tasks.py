@@ -238,7 +238,7 @@ async def test_create_task_result_is_flat_and_exact(fleet: Fleet) -> None:
 
 
 async def test_tasks_get_right_after_the_reply_never_misses(fleet: Fleet) -> None:
-    """Durable before reply (§4.3, H44): the hub resolves the id the moment we have it."""
+    """Durable before reply (H44): the hub resolves the id the moment we have it."""
     for n in range(20):
         response = await call_tool(fleet.url, "echo", {"text": f"#{n}"}, caps=CAPS)
         task_id = response.json()["result"]["taskId"]

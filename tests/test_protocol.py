@@ -1,4 +1,4 @@
-"""hub/protocol.py: every validation step of spec §2.5 (4–14), its code, HTTP status and id echo.
+"""hub/protocol.py: steps 4–14 of docs/protocol.md#validation-order: codes, statuses, id echo.
 
 The request builders here are shared by the other test_protocol_*.py modules.
 """
@@ -249,7 +249,7 @@ ERROR_CASES = [
     pytest.param(
         case(message("tasks/cancel", taskId=["x"]), *BAD_PARAMS, 1), id="cancel-task-id-array"
     ),
-    # subscriptions/listen: §8 item 21, H55, H32, taskIds shape.
+    # subscriptions/listen: D21, H55, H32, taskIds shape.
     pytest.param(
         case(
             listen(),
@@ -302,13 +302,13 @@ def test_errors(c: Case) -> None:
 
 
 @pytest.mark.parametrize("method", TASK_METHODS)
-def test_mcp_name_checked_before_capability(method: str) -> None:  # §2.5: step 12 before 13
+def test_mcp_name_checked_before_capability(method: str) -> None:  # step 12 before 13
     body = encode(message(method, _meta=meta(caps={})))
     exc = raises(headers(method, mcp_name=OTHER_ID), body)
     assert exc.error.code == -32020
 
 
-def test_missing_meta_beats_missing_method_header() -> None:  # §2.5: step 7 before step 10
+def test_missing_meta_beats_missing_method_header() -> None:  # step 7 before step 10
     exc = raises(headers("tasks/get", mcp_method=None), encode(get(_meta=MISSING)))
     assert (exc.error.code, exc.error.http_status) == (-32602, 400)
 

@@ -45,7 +45,7 @@ def test_mcp_name_rules(method: str, name: str | None, reason: str) -> None:  # 
     assert expected in exc.error.message
 
 
-def test_header_mismatch_message_names_both_values() -> None:  # H72, spec §1.4 example
+def test_header_mismatch_message_names_both_values() -> None:  # H72
     exc = raises(headers("tasks/get", mcp_name="foo"), encode(get(taskId="bar")))
     assert exc.error.message == (
         "Header mismatch: Mcp-Name header value 'foo' does not match body value 'bar'"
@@ -69,12 +69,12 @@ def test_discover_ignores_mcp_name() -> None:
         "*/*",
     ],
 )
-def test_listen_accept_is_lenient(accept: str | None) -> None:  # §8 item 21
+def test_listen_accept_is_lenient(accept: str | None) -> None:  # D21
     request = parse(headers("subscriptions/listen", accept=accept), listen())
     assert request.method == "subscriptions/listen"
 
 
-def test_accept_is_not_checked_for_json_replies() -> None:  # §8 item 21
+def test_accept_is_not_checked_for_json_replies() -> None:  # D21
     parse(headers("tasks/get", accept="application/json"), get())
 
 

@@ -38,7 +38,7 @@ SAMPLE: dict[str, Any] = {
 RESULT: dict[str, Any] = {"content": [{"type": "text", "text": "done"}], "isError": False}
 ERROR = {"code": -32603, "message": "boom"}
 
-# spec §4.2 plus the two self-loops of live states; nothing leaves a terminal state.
+# docs/protocol.md#status-transitions, self-loops included; nothing leaves a terminal state.
 LEGAL = {
     ("working", "working"),
     ("working", "input_required"),

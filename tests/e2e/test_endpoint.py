@@ -1,4 +1,4 @@
-"""`POST /mcp` over real HTTP: the header and error matrix of the wire digest §2.5.
+"""`POST /mcp` over real HTTP: the header and error matrix of docs/protocol.md#validation-order.
 
 The pure rules are unit-tested in tests/test_protocol*.py; this table proves the HTTP
 layer maps each to the right status, body and headers, before any SSE byte, both when

@@ -134,7 +134,7 @@ def sent_id(sent: bytes) -> tuple[bool, Any]:
     return False, None
 
 
-# The HTTP status each JSON-RPC error code travels with (§1.4, §8 items 8 and 20).
+# The HTTP status each JSON-RPC error code travels with (docs/protocol.md#error-codes, D8, D20).
 STATUS_OF_CODE = {
     -32700: {400},
     -32600: {400, 403, 408, 413},

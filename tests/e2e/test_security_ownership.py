@@ -12,7 +12,7 @@ import pytest
 from bridge.wire import kv_subject
 from tests.e2e.test_security_auth import ANSWER, Secured, bearer, queued
 from tests.e2e.test_security_auth import secured as secured  # the module's hub, a fixture
-from tests.helpers import envelope, listening, new_task_id, rpc
+from tests.helpers import envelope, eventually, listening, new_task_id, rpc
 
 NOT_FOUND = {"code": -32602, "message": "Failed to retrieve task: Task not found"}
 
@@ -34,6 +34,38 @@ async def test_tasks_get_serves_only_the_owner(secured: Secured) -> None:
     assert foreign.status_code == 200
     assert foreign.json() == {"jsonrpc": "2.0", "id": 1, "error": NOT_FOUND}
     assert foreign.headers.get("content-type") == unknown.headers.get("content-type")
+
+
+async def test_a_foreign_task_costs_one_store_read_like_an_unknown_one(
+    secured: Secured,
+) -> None:
+    """The timing class of H46: one store read for an unknown task, and one for a foreign
+    task whether the hub had it cached or had to read it through."""
+    source = secured.harness.hub.source
+    reads: list[str] = []
+    real_read = source.read_store
+
+    async def counting_read(task_id: str) -> Any:
+        reads.append(task_id)
+        return await real_read(task_id)
+
+    source.read_store = counting_read  # type: ignore[method-assign]
+    try:
+        cached = await secured.task("alice")
+        await eventually(lambda: secured.harness.hub.cache.get(cached) is not None)
+        uncached = new_task_id()
+        # Stored, but not in this hub's cache: a hub whose watch has not applied it yet.
+        await secured.put(uncached, owner="alice")
+        await eventually(lambda: secured.harness.hub.cache.get(uncached) is not None)
+        del secured.harness.hub.cache._tasks[uncached]
+        for task_id in (new_task_id(), cached, uncached):
+            reads.clear()
+            body = rpc("tasks/get", {"taskId": task_id}, id=1)
+            answer = await secured.call(body, **bearer("bob"))
+            assert answer.json()["error"] == NOT_FOUND
+            assert reads == [task_id], task_id
+    finally:
+        del source.read_store
 
 
 @pytest.mark.parametrize("method", ["tasks/update", "tasks/cancel"])

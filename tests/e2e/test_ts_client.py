@@ -224,7 +224,7 @@ async def test_ts_client_gets_and_listens_through_terminal_state(
         assert got.pop("_meta")["io.modelcontextprotocol/serverInfo"]["name"] == "taskhub"
         assert got == written(created)
 
-        # The ack (spec §3.2), as the client's transport received it, grants the task and
+        # The ack (H56, H57), as the client's transport received it, grants the task and
         # carries the subscription id, which is the listen request's JSON-RPC id.
         ack = await client.line("ack")
         subscription_id = ack["wire"]["_meta"][SUB_KEY]
