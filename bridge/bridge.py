@@ -1,4 +1,5 @@
-"""TaskBridge: a server's writer of task states into the KV bucket (DESIGN.md contracts 3, 4).
+"""TaskBridge: a server's writer of task states into the KV bucket (contracts 3 and 4,
+docs/architecture.md).
 
 Every write is a JetStream publish that returns only once stored (durable before reply) and
 is a compare-and-set on the key's last sequence, so a concurrent writer can lose and retry
@@ -36,11 +37,13 @@ from bridge.jetstream import ensure_bucket, ensure_control_stream
 from bridge.publisher import AckedPublisher
 from bridge.states import BridgeEnvelope
 from bridge.wire import (
+    CONTROL_STREAM,
     DEFAULT_BUCKET,
     SERVER_ID_RE,
     TERMINAL,
     DetailedTask,
     TaskError,
+    control_subject,
     decode_envelope,
     encode,
     is_removal,
@@ -359,6 +362,14 @@ class TaskBridge:
         """The current stored state, read from the stream leader; None if there is none."""
         entry = await self._read(task_id)
         return None if entry is None else _record(task_id, *entry)
+
+    async def forward(self, server: str, data: bytes, msg_id: str) -> None:
+        """Queue a control message (an encoded `UpdateMessage` or `CancelMessage`) for
+        `server`'s consumer, as the hub does; returns once JetStream stored it. `msg_id`
+        (`wire.control_message_id`) makes a retried request count once."""
+        await self._js.publish(
+            control_subject(server), data, stream=CONTROL_STREAM, headers={"Nats-Msg-Id": msg_id}
+        )
 
     async def _read(self, task_id: str) -> tuple[int, BridgeEnvelope] | None:
         if not is_task_id(task_id):

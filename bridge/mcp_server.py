@@ -2,7 +2,7 @@
 
 A `tools/call` of a task tool whose *own* `_meta` declares the extension (H30) is answered
 with a flat CreateTaskResult only after `TaskBridge.create` returned, i.e. after JetStream
-stored the task, so a `tasks/get` at any hub replica finds it (§4.3, H44); the body then
+stored the task, so a `tasks/get` at any hub replica finds it (H44); the body then
 runs in the background and ends the task completed / failed / cancelled. Other callers get
 the SDK's ordinary synchronous call (`optional`) or -32021 (`required`). `params.task`, the
 2025-11-25 augmentation, never decides anything (H74).
@@ -13,6 +13,14 @@ under a signature without its `TaskContext` parameter, and `intercept_tool_call`
 task vs inline per request. The background run cannot go through `call_next`: the request
 (and the SDK `Context` built from it) ends when the CreateTaskResult is sent, and the SDK
 turns crashes into `isError` results, where a task must fail with -32603 instead.
+
+The server is complete by itself (issue 11): `methods()` installs `tasks/get`,
+`tasks/update` and `tasks/cancel`, answered from the KV leader with the hub's semantics
+(bridge.task_methods), so the extension is advertised only with every handler it names.
+`subscriptions/listen` at a server is declined for tasks: the SDK's own listen handler
+answers it (this process's list-changed events), and its ack omits `taskIds`, which the
+spec reads as "not honoured" ("unsupported types are omitted"). A stateless fleet cannot
+hold task streams coherently; clients poll `tasks/get` here or listen at the hub.
 """
 
 from __future__ import annotations
@@ -30,7 +38,7 @@ import msgspec
 from mcp.server.auth.middleware.auth_context import get_access_token
 from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
 from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
-from mcp.server.extension import Extension, ToolBinding
+from mcp.server.extension import Extension, MethodBinding, ToolBinding
 from mcp.server.mcpserver import Context
 from mcp.server.mcpserver.exceptions import (
     ResourceError,
@@ -51,6 +59,7 @@ from mcp_types import (
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from starlette.requests import HTTPConnection
 
+from bridge import task_methods, vocabulary
 from bridge.bridge import TaskBridge, TaskRecord
 from bridge.states import TerminalStateError
 from bridge.task_context import InlineRun, TaskContext, TaskRun, missing_capability
@@ -91,15 +100,14 @@ def client_capabilities(ctx: ServerRequestContext[Any, Any]) -> Mapping[str, Any
 
 
 def declares_tasks(ctx: ServerRequestContext[Any, Any]) -> bool:
-    """Whether this very request may get a CreateTaskResult (§4.3; H73: modern only)."""
+    """Whether this very request may get a CreateTaskResult (H33; H73: modern only)."""
     if ctx.protocol_version not in MODERN_PROTOCOL_VERSIONS:
         return False
-    extensions = client_capabilities(ctx).get("extensions")
-    return isinstance(extensions, Mapping) and TASKS_EXTENSION in extensions
+    return vocabulary.declares_tasks(client_capabilities(ctx))
 
 
 def create_task_result(record: TaskRecord) -> dict[str, Any]:
-    """The flat CreateTaskResult (§4.3): the seed Task plus `resultType: "task"`, nothing more."""
+    """The flat CreateTaskResult (D5): the seed Task plus `resultType: "task"`, nothing more."""
     task: dict[str, Any] = msgspec.to_builtins(record.task)
     return {"resultType": "task", **task}
 
@@ -238,6 +246,48 @@ class TaskTools(Extension):
         self._listed = True
         return [tool.binding for tool in self._tools.values()]
 
+    def methods(self) -> Sequence[MethodBinding]:
+        # The extension is advertised only with every method it names served (issue 11).
+        # Modern only, as the hub (H73): older versions get the SDK's -32601.
+        versions = frozenset(MODERN_PROTOCOL_VERSIONS)
+        return [
+            MethodBinding("tasks/get", task_methods.TaskIdParams, self._get, versions),
+            MethodBinding("tasks/update", task_methods.UpdateTaskParams, self._update, versions),
+            MethodBinding("tasks/cancel", task_methods.TaskIdParams, self._cancel, versions),
+        ]
+
+    # -- tasks/get, tasks/update, tasks/cancel (bridge.task_methods) ----------------------
+
+    def _method_bridge(self, ctx: ServerRequestContext[Any, Any]) -> TaskBridge:
+        if not declares_tasks(ctx):
+            raise task_methods.undeclared()
+        if self._bridge is None:
+            log.error("tasks/* request outside TaskTools.serving()")
+            raise MCPError(INTERNAL_ERROR, "The server is not running task tools")
+        return self._bridge
+
+    async def _get(
+        self, ctx: ServerRequestContext[Any, Any], params: task_methods.TaskIdParams
+    ) -> dict[str, Any]:
+        bridge = self._method_bridge(ctx)
+        return await task_methods.tasks_get(bridge, params.task_id, self._owner_of(ctx))
+
+    async def _update(
+        self, ctx: ServerRequestContext[Any, Any], params: task_methods.UpdateTaskParams
+    ) -> dict[str, Any]:
+        bridge = self._method_bridge(ctx)
+        owner = self._owner_of(ctx)
+        return await task_methods.tasks_update(
+            bridge, params.task_id, params.input_responses, owner, ctx.request_id
+        )
+
+    async def _cancel(
+        self, ctx: ServerRequestContext[Any, Any], params: task_methods.TaskIdParams
+    ) -> dict[str, Any]:
+        bridge = self._method_bridge(ctx)
+        owner = self._owner_of(ctx)
+        return await task_methods.tasks_cancel(bridge, params.task_id, owner, ctx.request_id)
+
     # -- serving ------------------------------------------------------------------------
 
     @contextlib.asynccontextmanager
@@ -319,7 +369,7 @@ class TaskTools(Extension):
             raise MCPError(INTERNAL_ERROR, "Too many tasks in progress; try again later")
         self._starting += 1
         # Shielded: once the create is under way, a caller hanging up must not leave a
-        # stored task that nothing runs; it runs unobserved instead (§4.6 note).
+        # stored task that nothing runs; it runs unobserved instead (H51).
         return await asyncio.shield(self._create(bridge, tool, arguments, owner, capabilities))
 
     async def _create(
@@ -331,7 +381,7 @@ class TaskTools(Extension):
         capabilities: Mapping[str, Any],
     ) -> TaskRecord:
         try:
-            # Durable before reply (§4.3): create returns once JetStream stored the task.
+            # Durable before reply (H44): create returns once JetStream stored the task.
             record = await bridge.create(
                 owner=owner, ttl_ms=self._ttl_ms, poll_interval_ms=self._poll_interval_ms
             )
@@ -384,7 +434,7 @@ class TaskTools(Extension):
 
 
 async def _call(tool: _TaskTool, context: TaskRun, arguments: dict[str, Any]) -> _Outcome:
-    """Run the body; map what it returned or raised to the task's end (spec §4.1)."""
+    """Run the body; map what it returned or raised to the task's end (H39, H41)."""
     try:
         validated = tool.metadata.validate_arguments(arguments)
         value = await tool.metadata.call_fn(tool.fn, True, validated, {tool.context_param: context})

@@ -91,6 +91,9 @@ def test_declares_tasks_reads_this_requests_meta_only() -> None:
     assert declares_tasks(request_context(meta_with(CAPS)))
     assert not declares_tasks(request_context(meta_with({})))
     assert not declares_tasks(request_context(meta_with({"extensions": {"other/x": {}}})))
+    # The same rule as the hub's: the extension's value must be an object.
+    tasks_true = {"extensions": {"io.modelcontextprotocol/tasks": True}}
+    assert not declares_tasks(request_context(meta_with(tasks_true)))
     assert not declares_tasks(request_context(None))
     # H73: under 2025-11-25 the identifier does not turn modern tasks on.
     assert not declares_tasks(request_context(meta_with(CAPS), version="2025-11-25"))

@@ -45,7 +45,7 @@ async def deploy(service: str, task: TaskContext) -> CallToolResult:
         await task.report(f"{service}: deploying")
         text = f"{service} deployed to production"
         return CallToolResult(content=[TextContent(type="text", text=text)])
-    # A tool-level "no" is still a completed task: isError is not failure (spec §4.1).
+    # A tool-level "no" is still a completed task: isError is not failure (H41).
     text = f"{service} not deployed: the user did not confirm"
     return CallToolResult(content=[TextContent(type="text", text=text)], is_error=True)
 

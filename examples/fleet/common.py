@@ -24,6 +24,9 @@ from bridge import TaskBridge
 from bridge.mcp_server import TaskTools
 
 Connect = Callable[[], Awaitable[TaskBridge]]
+# After SIGTERM, how long open requests (a listen stream, a long inline tool call) may run
+# before uvicorn cancels them; without a bound a client holding a stream stops nothing.
+SHUTDOWN_GRACE_S = 3
 Lifespan = Callable[[MCPServer[Any]], AbstractAsyncContextManager[dict[str, Any]]]
 
 
@@ -77,6 +80,12 @@ def main(name: str, build: Callable[[Connect], MCPServer[Any]], argv: Sequence[s
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0, help="0 = any free port")
     parser.add_argument("--ready-file", type=Path, help="write the server's URL here")
+    parser.add_argument(
+        "--shutdown-grace",
+        type=int,
+        default=SHUTDOWN_GRACE_S,
+        help="seconds open requests get after SIGTERM before they are cut",
+    )
     args = parser.parse_args(argv)
 
     def connect() -> Awaitable[TaskBridge]:
@@ -85,5 +94,11 @@ def main(name: str, build: Callable[[Connect], MCPServer[Any]], argv: Sequence[s
     # 2026-07-28 requests are served statelessly whatever the flag; it keeps legacy
     # (initialize) clients sessionless too, as a horizontally scaled fleet needs.
     app = build(connect).streamable_http_app(stateless_http=True, host=args.host)
-    config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning")
+    config = uvicorn.Config(
+        app,
+        host=args.host,
+        port=args.port,
+        log_level="warning",
+        timeout_graceful_shutdown=args.shutdown_grace,
+    )
     asyncio.run(_Server(config, args.ready_file).serve())

@@ -2,7 +2,8 @@
 
 `TaskCalls` goes on a `Client` of a fleet server: it declares the tasks extension and lets
 the SDK parse a CreateTaskResult (a `ResultClaim` on `resultType: "task"`). `HubTasks` is
-a `Client` of the hub: `tasks/get`, `tasks/update`, `tasks/cancel`, and `follow()`, a
+a `Client` of the hub (or of any one server built with `TaskTools`, which serves
+them too): `tasks/get`, `tasks/update`, `tasks/cancel`, and `follow()`, a
 `subscriptions/listen` stream of one task's full states until it ends. The SDK has no
 typed tasks API, so the requests are small `Request` subclasses sent through the session,
 which stamps `_meta` and the routing headers (`name_param` gives `Mcp-Name: <taskId>`).
@@ -28,7 +29,7 @@ Answer = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]  # input request 
 
 
 class CreateTaskResult(types.Result):
-    """What a fleet server answers a task tool call with: flat, `resultType: "task"` (§4.3)."""
+    """What a fleet server answers a task tool call with: flat, `resultType: "task"` (D5)."""
 
     model_config = ConfigDict(extra="allow")
 
@@ -89,7 +90,7 @@ def task_state(raw: dict[str, Any]) -> dict[str, Any]:
 
 
 def tool_result(state: dict[str, Any]) -> types.CallToolResult:
-    """A terminal task as the tool's outcome: its result, or its error raised (§4.1)."""
+    """A terminal task as the tool's outcome: its result, or its error raised (H39)."""
     if state["status"] == "completed":
         return types.CallToolResult.model_validate(state["result"])
     if state["status"] == "failed":
