@@ -22,7 +22,7 @@ from mcp_types import INTERNAL_ERROR, INVALID_PARAMS, RequestParams
 
 from bridge.bridge import TaskBridge, TaskRecord
 from bridge.task_context import missing_capability
-from bridge.vocabulary import TASKS_EXTENSION
+from bridge.vocabulary import TASK_NOT_FOUND, TASKS_EXTENSION
 from bridge.wire import (
     TERMINAL,
     CancelMessage,
@@ -30,7 +30,7 @@ from bridge.wire import (
     UpdateMessage,
     control_message_id,
     encode,
-    parse_timestamp,
+    expires_at,
 )
 
 COMPLETE: dict[str, Any] = {"resultType": "complete"}  # the tasks/update and cancel ack
@@ -50,7 +50,7 @@ class UpdateTaskParams(TaskIdParams):
 
 def task_not_found() -> MCPError:
     """H42/H46: unknown, expired and foreign tasks all get exactly this error."""
-    return MCPError(INVALID_PARAMS, "Failed to retrieve task: Task not found")
+    return MCPError(INVALID_PARAMS, TASK_NOT_FOUND)
 
 
 def undeclared() -> MCPError:
@@ -67,10 +67,8 @@ def store_unavailable(exc: BaseException) -> MCPError:
 
 def expired(record: TaskRecord, now: float) -> bool:
     """Past createdAt + ttlMs (the KV message TTL may not have removed it yet)."""
-    ttl_ms = record.task.ttlMs
-    if ttl_ms is None:
-        return False
-    return now >= parse_timestamp(record.task.createdAt).timestamp() + ttl_ms / 1000
+    until = expires_at(record.task.createdAt, record.task.ttlMs)
+    return until is not None and now >= until
 
 
 def get_result(record: TaskRecord) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""The MCP names hub and bridge both speak, each written once.
+"""The MCP names (and the one task error) hub and bridge both speak, each written once.
 
 Protocol revision, the tasks extension's identifier and the reserved `_meta` keys are
 fixed by the specification (docs/protocol.md); a typo in any one of them is a silent
@@ -15,6 +15,9 @@ PROTOCOL_VERSION = "2026-07-28"
 SUPPORTED_VERSIONS: tuple[str, ...] = (PROTOCOL_VERSION,)
 
 TASKS_EXTENSION = "io.modelcontextprotocol/tasks"
+# The one -32602 message for unknown, expired and foreign tasks, at the hub and at every
+# server alike (H46: the three must not be told apart).
+TASK_NOT_FOUND = "Failed to retrieve task: Task not found"
 
 # Keys of `params._meta` and `result._meta`.
 PROTOCOL_VERSION_KEY = "io.modelcontextprotocol/protocolVersion"

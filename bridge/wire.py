@@ -133,6 +133,15 @@ def parse_timestamp(value: str) -> datetime:
     return parsed
 
 
+def expires_at(created_at: str, ttl_ms: int | None) -> float | None:
+    """Epoch seconds at which a task with this `createdAt` and `ttlMs` expires; None for
+    an unlimited one. In float seconds: a legal ttlMs (up to 2**53 - 1) can pass
+    datetime's year 9999."""
+    if ttl_ms is None:
+        return None
+    return parse_timestamp(created_at).timestamp() + ttl_ms / 1000
+
+
 def check_task(task: DetailedTask) -> None:
     """Raise InvalidEnvelope unless `task` is a well-formed DetailedTask variant."""
     if not is_task_id(task.taskId):

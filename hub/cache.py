@@ -21,8 +21,8 @@ from bridge.wire import (
     KeyMismatch,
     decode_envelope,
     encode,
-    parse_timestamp,
 )
+from bridge.wire import expires_at as task_expires_at  # `expires_at` names a field here
 from hub.jsonrpc import line_safe
 
 # A deleted key remembers its delete revision this long, so a slower read-through of
@@ -108,7 +108,7 @@ class TaskCache:
             return None
         task = envelope.task
         try:
-            expires_at = _expiry(task.createdAt, task.ttlMs)
+            expires_at = task_expires_at(task.createdAt, task.ttlMs)
         except ValueError:
             self._reject(Rejected.MALFORMED)
             return None
@@ -190,10 +190,3 @@ class TaskCache:
 
     def _reject(self, reason: Rejected) -> None:
         self._on_reject(reason)
-
-
-def _expiry(created_at: str, ttl_ms: int | None) -> float | None:
-    if ttl_ms is None:
-        return None
-    # In float seconds: a legal ttlMs (up to 2**53 - 1) can pass datetime's year 9999.
-    return parse_timestamp(created_at).timestamp() + ttl_ms / 1000

@@ -19,7 +19,7 @@ from collections.abc import Iterable
 
 from hub.cache import TaskSnapshot
 from hub.metrics import Metrics
-from hub.subscriber import EndReason, StreamState, Subscriber
+from hub.subscriber import EndReason, Subscriber
 
 
 class Fanout:
@@ -112,7 +112,7 @@ class Fanout:
             if since is not None:
                 if now - since > send_timeout:
                     subscriber.drop_stalled()
-            elif subscriber.state is StreamState.LIVE and now - subscriber.last_write >= keepalive:
+            elif subscriber.live and now - subscriber.last_write >= keepalive:
                 subscriber.keepalive(now)
 
     def forget(self, task_id: str) -> None:

@@ -13,7 +13,7 @@ from typing import Any
 
 import msgspec
 
-from bridge.vocabulary import SERVER_INFO_KEY, TASKS_EXTENSION
+from bridge.vocabulary import SERVER_INFO_KEY, TASK_NOT_FOUND, TASKS_EXTENSION
 
 # JSON-RPC 2.0 codes.
 PARSE_ERROR = -32700
@@ -99,7 +99,7 @@ def invalid_params(message: str, *, http_status: int = 200) -> RpcError:
 
 def task_not_found() -> RpcError:
     """H42/H46: unknown, expired and foreign tasks all get exactly this error."""
-    return RpcError(INVALID_PARAMS, "Failed to retrieve task: Task not found")
+    return RpcError(INVALID_PARAMS, TASK_NOT_FOUND)
 
 
 def internal_error(message: str = "Internal error") -> RpcError:

@@ -24,7 +24,7 @@ from starlette.types import Receive, Scope, Send
 from hub.connection import connection_of
 from hub.frames import KEEPALIVE_FRAME, completion_frame, task_frames
 from hub.metrics import Metrics
-from hub.subscriber import EndReason, StreamState, Subscriber
+from hub.subscriber import EndReason, Subscriber
 
 log = logging.getLogger("taskhub.sse")
 
@@ -82,7 +82,7 @@ class ListenStream:
                 elif subscriber.keepalive_due:
                     subscriber.keepalive_due = False
                     await self._write(send, KEEPALIVE_FRAME)
-                elif subscriber.state is StreamState.ENDING:
+                elif subscriber.ending:
                     await self._write(send, completion_frame(subscriber.subscription_id))
                     await self._send(send, {"type": "http.response.body", "body": b""})
                     break
