@@ -20,44 +20,53 @@ from starlette.types import Receive, Scope, Send
 from hub.config import Config
 from hub.endpoint import McpEndpoint, Reply
 from hub.runtime import Hub
+from hub.upstream import Pool, Upstream
 
 log = logging.getLogger("taskhub.http")
 
 
 class HubApp:
-    """`/mcp` straight to its endpoint; the few other routes and the lifespan to Starlette."""
+    """MCP endpoints straight to their `McpEndpoint`; the few other routes and the lifespan
+    to Starlette. `/mcp` always, and `/servers/NAME/mcp` for each named upstream."""
 
-    def __init__(self, mcp: McpEndpoint, rest: Starlette) -> None:
-        self.mcp = mcp
+    def __init__(self, hub: Hub, endpoints: dict[str, McpEndpoint], rest: Starlette) -> None:
+        self.hub = hub
+        self.endpoints = endpoints
         self.rest = rest
-        self.hub = mcp.hub
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["path"] == "/mcp":
-            await self.mcp(scope, receive, send)  # every HTTP method: non-POST gets 405 there
+        endpoint = self.endpoints.get(scope["path"]) if scope["type"] == "http" else None
+        if endpoint is not None:
+            await endpoint(scope, receive, send)  # every HTTP method: non-POST gets 405 there
         else:
             await self.rest(scope, receive, send)
 
     def answer_now(self, scope: Scope, body: bytes) -> Reply | None:
-        """For the hub's connections (hub/connection.py): a whole `/mcp` request
-        answered without an ASGI task when it needs no I/O; None otherwise."""
-        if scope["path"] != "/mcp":
-            return None
-        return self.mcp.answer_now(scope, body)
+        """For the hub's connections (hub/connection.py): a whole MCP request answered
+        without an ASGI task when it needs no I/O; None otherwise."""
+        endpoint = self.endpoints.get(scope["path"])
+        return None if endpoint is None else endpoint.answer_now(scope, body)
 
 
 def create_app(config: Config, nats_url: str, hub: Hub | None = None) -> HubApp:
     """The hub as an ASGI app; `hub` may be passed in to share it with the caller."""
     hub = hub or Hub(config, nats_url)
+    pool = Pool(config.upstream_timeout)
+    endpoints = {"/mcp": McpEndpoint(hub)}
+    for spec in config.upstreams:
+        endpoints[spec.path] = McpEndpoint(hub, Upstream(spec, pool, hub.metrics))
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         await hub.start()
         log.info("hub serving bucket %r", config.bucket)
+        for spec in config.upstreams:
+            log.info("front door: %s forwards to %s", spec.path, spec.url)
         try:
             yield
         finally:
             await hub.stop()
+            await pool.close()
 
     async def healthz(request: HttpRequest) -> Response:
         return PlainTextResponse("ok\n")
@@ -78,4 +87,4 @@ def create_app(config: Config, nats_url: str, hub: Hub | None = None) -> HubApp:
         ],
         lifespan=lifespan,
     )
-    return HubApp(McpEndpoint(hub), rest)
+    return HubApp(hub, endpoints, rest)

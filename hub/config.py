@@ -11,6 +11,7 @@ import argparse
 import dataclasses
 import ipaddress
 import os
+import re
 import ssl
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -21,9 +22,11 @@ from urllib.parse import urlsplit
 from bridge.wire import DEFAULT_BUCKET
 from hub.auth import AuthSettings
 from hub.cors import normalize_origin
+from hub.upstream import UpstreamSpec
 
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 LOOPBACK_HOSTS = frozenset({"localhost", "127.0.0.1", "::1"})
+UPSTREAM_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
 
 
 @dataclass(frozen=True)
@@ -72,6 +75,9 @@ class Config:
     shutdown_grace: float = 5.0
     # How often expired tasks are swept from memory (reads check expiry themselves).
     expiry_sweep_interval: float = 1.0
+    # The front door (hub/upstream.py): MCP servers whose other methods the hub forwards.
+    upstreams: tuple[UpstreamSpec, ...] = ()
+    upstream_timeout: float = 30.0
 
     @property
     def is_loopback(self) -> bool:
@@ -171,6 +177,37 @@ def _origins(text: str) -> tuple[str, ...]:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def parse_upstreams(text: str) -> tuple[UpstreamSpec, ...]:
+    """`[NAME=]URL[,[NAME=]URL...]`: a bare URL is served at /mcp, NAME=URL at
+    /servers/NAME/mcp."""
+    specs = []
+    for item in (part.strip() for part in text.split(",")):
+        if not item:
+            continue
+        name: str | None = None
+        head, sep, rest = item.partition("=")
+        if sep and "/" not in head and ":" not in head:
+            if not UPSTREAM_NAME.fullmatch(head):
+                raise argparse.ArgumentTypeError(
+                    f"upstream name {head!r}: letters, digits, '.', '_' and '-' only"
+                )
+            name, item = head, rest
+        parts = urlsplit(item)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise argparse.ArgumentTypeError(f"upstream URL {item!r} is not an http(s) URL")
+        specs.append(UpstreamSpec(name, item))
+    return tuple(specs)
+
+
+def _check_upstreams(specs: Sequence[UpstreamSpec]) -> str | None:
+    """Why these upstreams cannot be served together, or None."""
+    paths = [spec.path for spec in specs]
+    for path in paths:
+        if paths.count(path) > 1:
+            return f"--upstream: two upstreams would be served at {path}"
+    return None
+
+
 def _flag(text: str) -> bool:
     lowered = text.strip().lower()
     if lowered in ("1", "true", "yes", "on"):
@@ -212,6 +249,11 @@ _OPTIONS: list[tuple[str, Callable[[str], Any], str]] = [
     ),
     ("body-timeout", _positive_float, "seconds a client may take to send a request body"),
     (
+        "upstream-timeout",
+        _positive_float,
+        "seconds an upstream may take to connect and answer (an SSE answer: to start)",
+    ),
+    (
         "send-timeout",
         _positive_float,
         "seconds a listen stream may stay blocked on a write before it is dropped",
@@ -248,6 +290,18 @@ def add_serve_options(parser: argparse.ArgumentParser, env: Mapping[str, str]) -
             default=default,
             help=f"{help}{f' (default {shown})' if shown != '' else ''} [env {env_name}]",
         )
+    env_name = "TASKHUB_UPSTREAM"
+    parser.add_argument(
+        "--upstream",
+        dest="upstreams",
+        type=parse_upstreams,
+        action="append",
+        default=None,
+        metavar="[NAME=]URL",
+        help="an MCP server to be the front door of: URL at /mcp, NAME=URL at "
+        f"/servers/NAME/mcp; repeatable, or comma-separated [env {env_name}]",
+    )
+    parser.set_defaults(upstream_env=env.get(env_name, ""))
     env_name = "TASKHUB_INSECURE_NO_AUTH"
     parser.add_argument(
         "--insecure-no-auth",
@@ -272,6 +326,16 @@ def config_from_namespace(ns: argparse.Namespace, parser: argparse.ArgumentParse
         f.name: getattr(ns, f.name) for f in dataclasses.fields(Config) if hasattr(ns, f.name)
     }
     values = {k: (None if v == "" else v) for k, v in values.items()}
+    try:  # flags replace the environment's list; each flag may itself list several
+        upstreams = values.pop("upstreams", None)
+        if upstreams is None:
+            upstreams = [parse_upstreams(getattr(ns, "upstream_env", "") or "")]
+    except argparse.ArgumentTypeError as exc:
+        parser.error(f"TASKHUB_UPSTREAM: {exc}")
+    values["upstreams"] = tuple(spec for group in upstreams for spec in group)
+    problem = _check_upstreams(values["upstreams"])
+    if problem is not None:
+        parser.error(problem)
     if values.get("log_level") not in LOG_LEVELS:
         parser.error(f"--log-level must be one of {', '.join(LOG_LEVELS)}")
     config = Config(**values)

@@ -27,9 +27,11 @@ from hub.connection import connection_of
 from hub.cors import is_preflight, preflight_headers
 from hub.cors import response_headers as cors_response_headers
 from hub.headers import header_map
-from hub.protocol import METHODS, Notification, Request, RequestError, parse_request
+from hub.metrics import Metrics
+from hub.protocol import METHODS, Forward, Notification, Request, RequestError, parse_request
 from hub.runtime import Hub
 from hub.sse import ListenStream
+from hub.upstream import Upstream, UpstreamError
 
 ANONYMOUS = Identity("anonymous", None)  # every caller when authentication is off
 JSON = (b"content-type", b"application/json")
@@ -54,31 +56,51 @@ class BodyError(Exception):
         self.status = status
 
 
+class Forwarding(NamedTuple):
+    """A request on its way to the upstream, which answers on `send` itself."""
+
+    upstream: Upstream
+    body: bytes
+    metrics: Metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        outcome = await self.upstream.forward(scope, receive, send, self.body)
+        self.metrics.upstream_requests.inc(1, self.upstream.spec.label, outcome)
+
+
+Responder = ListenStream | Forwarding
+
+
 class McpEndpoint:
-    def __init__(self, hub: Hub) -> None:
+    """One MCP endpoint: the hub's own methods, and with an `upstream` all the others too."""
+
+    def __init__(self, hub: Hub, upstream: Upstream | None = None) -> None:
         self.hub = hub
+        self.upstream = upstream
         self.config = hub.config
         self.cors_origins = frozenset(hub.config.cors_origins)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        cors, stream = await self._answer(scope, receive, send)
-        if stream is not None:
-            # Run here, not in _answer: a stream lives for hours, the request's body,
-            # headers and parsed params need not. It answers on `send` itself, so its
-            # response needs the CORS headers too.
-            await stream(scope, receive, _adding(send, cors))
+        cors, responder = await self._answer(scope, receive, send)
+        if responder is not None:
+            # Run here, not in _answer: a stream lives for hours, the request's headers
+            # and parsed params need not. It answers on `send` itself, so its response
+            # needs the CORS headers too.
+            await responder(scope, receive, _adding(send, cors))
 
     async def _answer(
         self, scope: Scope, receive: Receive, send: Send
-    ) -> tuple[RawHeaders, ListenStream | None]:
-        """Answer the request, or return the listen stream that will (and its CORS)."""
+    ) -> tuple[RawHeaders, Responder | None]:
+        """Answer the request, or return what will (a listen stream, a forward) and its CORS."""
         headers, cors, admitted = self._admit(scope)
         if isinstance(admitted, Reply):
-            result: Reply | ListenStream = admitted
+            result: Reply | Responder = admitted
         else:
             result = await self._serve(scope, receive, headers, cors, admitted)
         if isinstance(result, ListenStream):
             self.hub.metrics.requests.inc(1, "subscriptions/listen", "ok")
+            return cors, result
+        if isinstance(result, Forwarding):
             return cors, result
         await self._reply(scope, send, result)
         return cors, None
@@ -90,7 +112,7 @@ class McpEndpoint:
         headers: Mapping[str, str],
         cors: RawHeaders,
         identity: Identity,
-    ) -> Reply | ListenStream:
+    ) -> Reply | Responder:
         config = self.config
         try:
             body = await _read_body(scope, receive, config.max_body_bytes, config.body_timeout)
@@ -99,11 +121,31 @@ class McpEndpoint:
         request = self._parse(headers, body, cors)
         if isinstance(request, Reply):
             return request
+        if isinstance(request, Forward):
+            assert self.upstream is not None
+            return Forwarding(self.upstream, body, self.hub.metrics)
         try:
+            if request.method == "server/discover" and self.upstream is not None:
+                return await self._discover_upstream(scope, body, request, cors)
             answer = await self._dispatch(request, identity)
         except jsonrpc.RpcError as err:
             return _error(request.id, err, cors, request.method)
         return answer if isinstance(answer, ListenStream) else _ok(request, answer, cors)
+
+    async def _discover_upstream(
+        self, scope: Scope, body: bytes, request: Request, cors: RawHeaders
+    ) -> Reply:
+        """The upstream's own discover result, with the hub's capabilities merged in."""
+        assert self.upstream is not None
+        try:
+            status, headers, payload = await self.upstream.call(scope, body)
+        except UpstreamError as exc:
+            self.hub.metrics.upstream_requests.inc(1, self.upstream.spec.label, exc.fault)
+            raise exc.rpc_error(self.upstream.spec.label) from None
+        self.hub.metrics.upstream_requests.inc(1, self.upstream.spec.label, "ok")
+        answer = handlers.merge_discover(payload)
+        kept = [(k, v) for k, v in headers if k != b"content-type"]
+        return Reply(status, answer, [JSON, *kept, *cors], "ok", request.method)
 
     def answer_now(self, scope: Scope, body: bytes) -> Reply | None:
         """The reply to a whole `POST /mcp` request if no I/O is needed; else None, with
@@ -124,6 +166,8 @@ class McpEndpoint:
         request = self._parse(headers, body, cors)
         if isinstance(request, Reply):
             return request
+        if isinstance(request, Forward):
+            return None
         try:
             answer = self._dispatch_now(request, identity)
         except jsonrpc.RpcError as err:
@@ -173,14 +217,16 @@ class McpEndpoint:
             raise AuthError.missing()
         return authenticator.authenticate(credentials[0])
 
-    def _parse(self, headers: Mapping[str, str], body: bytes, cors: RawHeaders) -> Request | Reply:
+    def _parse(
+        self, headers: Mapping[str, str], body: bytes, cors: RawHeaders
+    ) -> Request | Forward | Reply:
         try:
-            message = parse_request(headers, body)
+            message = parse_request(headers, body, upstream=self.upstream is not None)
         except RequestError as exc:
             return _error(exc.request_id, exc.error, cors, _method_label(exc.method))
         if isinstance(message, Notification):  # H6
             return Reply(202, b"", cors, "accepted", "notification")
-        return message
+        return message  # a Request, or a Forward
 
     async def _dispatch(self, request: Request, identity: Identity) -> bytes | ListenStream:
         hub, principal = self.hub, identity.principal
@@ -197,7 +243,7 @@ class McpEndpoint:
         raise jsonrpc.method_not_found(request.method)
 
     def _dispatch_now(self, request: Request, identity: Identity) -> bytes | None:
-        if request.method == "server/discover":
+        if request.method == "server/discover" and self.upstream is None:
             return handlers.discover(request)
         if request.method == "tasks/get":
             return handlers.tasks_get_cached(self.hub, request, identity.principal)

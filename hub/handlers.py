@@ -8,6 +8,7 @@ nothing about tasks it does not own (invariant 3, H46).
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import msgspec
 
@@ -47,6 +48,24 @@ def discover(request: Request) -> bytes:
             "cacheScope": "public",
         },
     )
+
+
+def merge_discover(answer: Any) -> bytes:
+    """An upstream's `server/discover` answer with the tasks extension merged in.
+
+    Everything else stays the upstream's: its versions, capabilities, instructions, server
+    info and caching hints (`ttlMs`, `cacheScope`). An error answer passes unchanged.
+    """
+    result = answer.get("result") if isinstance(answer, dict) else None
+    if isinstance(result, dict):
+        capabilities = result.get("capabilities")
+        if not isinstance(capabilities, dict):
+            capabilities = result["capabilities"] = {}
+        extensions = capabilities.get("extensions")
+        if not isinstance(extensions, dict):
+            extensions = capabilities["extensions"] = {}
+        extensions[TASKS_EXTENSION] = {}
+    return msgspec.json.encode(answer)
 
 
 async def find_task(hub: Hub, task_id: str, principal: str) -> TaskSnapshot | None:

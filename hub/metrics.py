@@ -64,6 +64,15 @@ class Gauge:
         return [f"{self.name} {self.value():g}"]
 
 
+class LabelledGauge(Counter):
+    """A gauge per label value, set as things change (`taskhub_upstream_up{upstream}`)."""
+
+    kind = "gauge"
+
+    def set(self, value: float, *labels: str) -> None:
+        self.values[labels] = value
+
+
 class Metrics:
     def __init__(self) -> None:
         self.requests = Counter(
@@ -102,6 +111,22 @@ class Metrics:
             "taskhub_streams_opened_total",
             "listen streams opened, by writer (direct socket writes or ASGI send)",
             ("writer",),
+        )
+        # The front door (hub/upstream.py).
+        self.upstream_requests = Counter(
+            "taskhub_upstream_requests_total",
+            "requests forwarded to an upstream MCP server, by upstream and outcome",
+            ("upstream", "outcome"),
+        )
+        self.upstream_faults = Counter(
+            "taskhub_upstream_faults_total",
+            "forwards that got no usable answer, by upstream and fault",
+            ("upstream", "fault"),
+        )
+        self.upstream_up = LabelledGauge(
+            "taskhub_upstream_up",
+            "1 when the upstream's last answer was usable, 0 when it failed, -1 before any",
+            ("upstream",),
         )
         self.limited = Counter("taskhub_limited_total", "requests refused by a limit", ("limit",))
         self.open_streams = Gauge("taskhub_open_streams", "open subscriptions/listen streams")

@@ -58,7 +58,13 @@ class Request(msgspec.Struct, frozen=True, kw_only=True):
     task_ids: tuple[str, ...] | None = None  # subscriptions/listen; None = not requested
 
 
-ParsedMessage = Request | Notification
+class Forward(msgspec.Struct, frozen=True):
+    """A message for the upstream (hub/upstream.py): not one of the hub's own methods."""
+
+    method: str
+
+
+ParsedMessage = Request | Notification | Forward
 
 
 class RequestError(Exception):
@@ -86,13 +92,19 @@ class _Call(msgspec.Struct, frozen=True):
     params: Any  # None when the body had no "params"
 
 
-def parse_request(headers: Mapping[str, str], body: bytes) -> ParsedMessage:
+def parse_request(
+    headers: Mapping[str, str], body: bytes, *, upstream: bool = False
+) -> ParsedMessage:
     """Validate one message; raise `RequestError` carrying the JSON-RPC error to send.
 
     `headers` must look names up case-insensitively (Starlette's `Headers`) or hold lower-case
     keys. Repeated headers are the HTTP layer's concern: this sees one value per name.
+    With an `upstream`, every message but the hub's own requests is a `Forward`, checked for
+    its JSON-RPC envelope only: the upstream validates what it serves.
     """
     call = _read_envelope(body)
+    if upstream and (isinstance(call, Notification) or call.method not in METHODS):
+        return Forward(call.method)
     if isinstance(call, Notification):
         return call
     try:

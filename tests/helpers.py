@@ -146,6 +146,24 @@ async def serve_app(app: ASGIApp, http: Any = "auto") -> Served:
     return Served(server, task, f"http://127.0.0.1:{port}/mcp")
 
 
+@contextlib.asynccontextmanager
+async def fleet_server(
+    module: Any, nats_url: str, bucket: str, server_id: str
+) -> AsyncIterator[str]:
+    """A fleet server of examples/fleet (`module.build_server`) on a loopback port: its URL."""
+    from bridge import TaskBridge  # late, like the hub's imports below
+
+    def connect() -> Any:
+        return TaskBridge.connect(nats_url, server_id=server_id, bucket=bucket)
+
+    server = module.build_server(connect, poll_interval_ms=100)
+    served = await serve_app(server.streamable_http_app(stateless_http=True, host="127.0.0.1"))
+    try:
+        yield served.url
+    finally:
+        await served.stop()
+
+
 @dataclass
 class HubHarness:
     """A hub served by uvicorn on 127.0.0.1 in this event loop, with a client."""

@@ -1,10 +1,13 @@
-"""The fleet demo's client: call each tool on its own server, follow the task at the hub.
+"""The fleet demo's client: call each tool on its server, follow the task, answer it.
 
-    python -m examples.fleet.client --hub URL --alpha URL --beta URL [--decline]
+    python -m examples.fleet.client --alpha URL --beta URL [--hub URL] [--decline]
 
-Every call goes to the fleet server that owns the tool; the answer is a task. From then
-on the client talks to the hub only: it listens to the task's states, answers the deploy
-confirmation with tasks/update, and reads the outcome from the final state.
+A client as MCP clients are built: one URL per server. Behind the hub as front door
+(`taskhub serve --upstream alpha=... --upstream beta=...`, as `examples.fleet.run` starts
+it) each URL is the hub's `/servers/NAME/mcp`, and the client does everything there: the
+tool call (forwarded to the server, answered with a task), the listen stream of the task's
+states, the `tasks/update` that answers the deploy confirmation. With `--hub`, tasks are
+followed at that URL instead (servers reached directly, the hub beside them).
 """
 
 from __future__ import annotations
@@ -73,44 +76,50 @@ async def answer_elicitation(
 
 
 async def demo(
-    hub_url: str,
     alpha_url: str,
     beta_url: str,
     *,
+    hub_url: str | None = None,
     confirm: bool = True,
     say: Say = print,
     step_seconds: float = 0.5,
 ) -> dict[str, dict[str, Any]]:
     """Run the three flows; the final state of each task, by tool name."""
     finals: dict[str, dict[str, Any]] = {}
-    hub = HubTasks()
     alpha = Client(alpha_url, extensions=[TaskCalls()], elicitation_callback=answer_elicitation)
     beta = Client(beta_url, extensions=[TaskCalls()])
-    async with hub.connect(hub_url), alpha, beta:
-        say(f"alpha: {alpha_url}\nbeta:  {beta_url}\nhub:   {hub_url}\n")
-        say("1. a slow report on alpha, followed at the hub")
+    alpha_tasks, beta_tasks = HubTasks(), HubTasks()
+    async with (
+        alpha,
+        beta,
+        alpha_tasks.connect(hub_url or alpha_url),
+        beta_tasks.connect(hub_url or beta_url),
+    ):
+        say(f"alpha: {alpha_url}\nbeta:  {beta_url}")
+        say(f"tasks followed at {hub_url or 'the same URLs'}\n")
+        say("1. a slow report on alpha, its progress pushed as it happens")
         report = {"topic": "sales", "steps": 3, "step_seconds": step_seconds}
         task_id = await call(alpha, "slow_report", report, say)
-        finals["slow_report"] = await follow(hub, task_id, say, confirm=confirm)
+        finals["slow_report"] = await follow(alpha_tasks, task_id, say, confirm=confirm)
 
-        say("\n2. a deploy on alpha that asks for confirmation, answered at the hub")
+        say("\n2. a deploy on alpha that asks for confirmation, answered with tasks/update")
         task_id = await call(alpha, "deploy", {"service": "billing"}, say)
-        finals["deploy"] = await follow(hub, task_id, say, confirm=confirm)
+        finals["deploy"] = await follow(alpha_tasks, task_id, say, confirm=confirm)
 
         say("\n3. an archive lookup on beta that fails with a JSON-RPC error")
         task_id = await call(beta, "lookup", {"key": "invoice-2099-404"}, say)
-        finals["lookup"] = await follow(hub, task_id, say, confirm=confirm)
+        finals["lookup"] = await follow(beta_tasks, task_id, say, confirm=confirm)
     return finals
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m examples.fleet.client")
-    parser.add_argument("--hub", required=True, help="the hub's MCP endpoint URL")
-    parser.add_argument("--alpha", required=True, help="server alpha's MCP endpoint URL")
-    parser.add_argument("--beta", required=True, help="server beta's MCP endpoint URL")
+    parser.add_argument("--alpha", required=True, help="server alpha's MCP URL (at the hub)")
+    parser.add_argument("--beta", required=True, help="server beta's MCP URL (at the hub)")
+    parser.add_argument("--hub", help="follow tasks at this hub URL instead of each server's")
     parser.add_argument("--decline", action="store_true", help="answer the deploy with no")
     args = parser.parse_args(argv)
-    asyncio.run(demo(args.hub, args.alpha, args.beta, confirm=not args.decline))
+    asyncio.run(demo(args.alpha, args.beta, hub_url=args.hub, confirm=not args.decline))
 
 
 if __name__ == "__main__":

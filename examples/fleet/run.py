@@ -1,10 +1,12 @@
-"""Launch the whole fleet demo: the hub, servers alpha and beta, then the client.
+"""Launch the whole fleet demo: the hub as front door, servers alpha and beta, the client.
 
     python -m examples.fleet.run [--data-dir DIR] [--decline]
 
-Starts `taskhub serve` (its embedded NATS writes its URL to <data-dir>/nats/url), points
-both servers at that NATS, runs the client, and stops every process it started, by PID,
-whatever happens. Server logs go to files in the data directory.
+Picks a loopback port for each server, starts `taskhub serve --upstream alpha=...
+--upstream beta=...` (its embedded NATS writes its URL to <data-dir>/nats/url), starts both
+servers on their ports against that NATS, runs the client with the hub's URL for each
+server (`/servers/alpha/mcp`, `/servers/beta/mcp`) and nothing else, and stops every process
+it started, by PID, whatever happens. Logs go to files in the data directory.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]  # the repository: examples/ runs from here
+SERVERS = ("alpha", "beta")
 START_TIMEOUT = 30.0
 STOP_TIMEOUT = 10.0
 
@@ -106,27 +109,32 @@ def run(data_dir: Path, decline: bool) -> int:
         stale.unlink(missing_ok=True)
     try:
         hub_port = free_port()
+        ports = {name: free_port() for name in SERVERS}
+        upstreams = [f"--upstream={name}=http://127.0.0.1:{ports[name]}/mcp" for name in SERVERS]
         processes.start(
             "taskhub",
             *("-m", "hub.cli", "serve", "--port", str(hub_port), "--data-dir", str(data_dir)),
+            *upstreams,
         )
         nats_url = wait_for("embedded NATS", read_file(data_dir / "nats" / "url"), processes)
         hub_base = f"http://127.0.0.1:{hub_port}"
         wait_for("the hub", answers_ok(hub_base + "/readyz"), processes)
-        print(f"hub ready at {hub_base}/mcp, NATS at {nats_url}")
-        urls = {}
-        for name in ("alpha", "beta"):
+        print(f"hub ready at {hub_base}, NATS at {nats_url}")
+        for name in SERVERS:
             ready_file = data_dir / f"{name}.url"
             processes.start(
                 name,
                 *("-m", f"examples.fleet.{name}", "--nats-url", nats_url),
                 *("--server-id", f"{name}-1", "--ready-file", str(ready_file)),
+                *("--port", str(ports[name])),
             )
-            urls[name] = wait_for(name, read_file(ready_file), processes)
-            print(f"{name} ready at {urls[name]}")
+            url = wait_for(name, read_file(ready_file), processes)
+            print(f"{name} ready at {url}, served to clients at {hub_base}/servers/{name}/mcp")
         print("\nrunning the client\n" + "-" * 60)
-        client = [sys.executable, "-m", "examples.fleet.client", "--hub", hub_base + "/mcp"]
-        client += ["--alpha", urls["alpha"], "--beta", urls["beta"]]
+        client = [sys.executable, "-m", "examples.fleet.client"]
+        client += [
+            arg for name in SERVERS for arg in (f"--{name}", f"{hub_base}/servers/{name}/mcp")
+        ]
         client += ["--decline"] if decline else []
         code = subprocess.run(client, cwd=ROOT).returncode
         print("-" * 60)

@@ -60,8 +60,8 @@ async def served(nats_url: str, bucket: str, tmp_path: Path) -> AsyncIterator[Hu
 def counting(harness: HubHarness) -> CountingEndpoint:
     app = harness.server.config.loaded_app
     assert isinstance(app, HubApp)
-    counter = CountingEndpoint(app.mcp)
-    app.mcp = counter  # type: ignore[assignment]
+    counter = CountingEndpoint(app.endpoints["/mcp"])
+    app.endpoints["/mcp"] = counter  # type: ignore[assignment]
     return counter
 
 

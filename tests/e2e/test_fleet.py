@@ -173,7 +173,9 @@ async def test_beta_failure_is_a_failed_task_with_the_error(fleet: Fleet) -> Non
 
 async def test_the_demo_client_runs_all_three_flows(fleet: Fleet) -> None:
     lines: list[str] = []
-    finals = await demo(fleet.hub, fleet.alpha, fleet.beta, say=lines.append, step_seconds=0)
+    finals = await demo(
+        fleet.alpha, fleet.beta, hub_url=fleet.hub, say=lines.append, step_seconds=0
+    )
     assert {name: state["status"] for name, state in finals.items()} == {
         "slow_report": "completed",
         "deploy": "completed",

@@ -33,10 +33,10 @@ from tests.helpers import (
     HubHarness,
     SseStream,
     eventually,
+    fleet_server,
     headers_for,
     new_task_id,
     rpc,
-    serve_app,
 )
 
 pytestmark = pytest.mark.timeout(60)
@@ -47,15 +47,8 @@ REPO = Path(__file__).resolve().parents[2]
 
 @pytest.fixture
 async def alpha_url(nats_url: str, bucket: str, server_id: str) -> AsyncIterator[str]:
-    def connect() -> Any:
-        return TaskBridge.connect(nats_url, server_id=server_id, bucket=bucket)
-
-    server = alpha.build_server(connect, poll_interval_ms=100)
-    served = await serve_app(server.streamable_http_app(stateless_http=True, host="127.0.0.1"))
-    try:
-        yield served.url
-    finally:
-        await served.stop()
+    async with fleet_server(alpha, nats_url, bucket, server_id) as url:
+        yield url
 
 
 def at_server(url: str) -> Any:
