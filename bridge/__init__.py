@@ -2,6 +2,7 @@
 
 from bridge.bridge import TaskBridge, TaskExpired, TaskNotFound, TaskRecord, WriteConflict
 from bridge.control import CancelHandler, ControlOptions, ControlStats, InputHandler
+from bridge.events import FleetEvents
 from bridge.states import (
     BridgeEnvelope,
     IllegalTransition,
@@ -17,6 +18,7 @@ __all__ = [
     "ControlOptions",
     "ControlStats",
     "DetailedTask",
+    "FleetEvents",
     "IllegalTransition",
     "InputHandler",
     "InputKeyReused",

@@ -33,6 +33,7 @@ from bridge.control import (
     ControlStats,
     InputHandler,
 )
+from bridge.events import DEFAULT_SERVICE, FleetEvents
 from bridge.jetstream import ensure_bucket, ensure_control_stream
 from bridge.publisher import AckedPublisher
 from bridge.states import BridgeEnvelope
@@ -221,6 +222,10 @@ class TaskBridge:
         await ensure_bucket(bridge._js, bucket, replicas)
         await ensure_control_stream(bridge._js, replicas)
         return bridge
+
+    def events(self, service: str = DEFAULT_SERVICE) -> FleetEvents:
+        """Change events of `service` (tools, prompts, resources) on this bridge's connection."""
+        return FleetEvents(self._nc, service)
 
     async def close(self) -> None:
         await self._control.stop()  # before the connection goes: an in-flight ack needs it

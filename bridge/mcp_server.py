@@ -48,8 +48,10 @@ from mcp.server.mcpserver.exceptions import (
 )
 from mcp.server.mcpserver.utilities.func_metadata import FuncMetadata, func_metadata
 from mcp.shared.exceptions import MCPError
+from mcp.shared.inbound import decode_header_value
 from mcp_types import (
     CLIENT_CAPABILITIES_META_KEY,
+    HEADER_MISMATCH,
     INTERNAL_ERROR,
     CallToolRequestParams,
     CallToolResult,
@@ -104,6 +106,19 @@ def declares_tasks(ctx: ServerRequestContext[Any, Any]) -> bool:
     if ctx.protocol_version not in MODERN_PROTOCOL_VERSIONS:
         return False
     return vocabulary.declares_tasks(client_capabilities(ctx))
+
+
+def check_routing_name(ctx: ServerRequestContext[Any, Any], task_id: str) -> None:
+    """H13: over HTTP, `Mcp-Name` must carry `params.taskId` (H14: sentinel decoded; the
+    SDK checks it only for tools/call, prompts/get and resources/read). Surrounding
+    spaces and tabs are not part of a field value (RFC 9110 §5.5)."""
+    request = ctx.request
+    if not isinstance(request, HTTPConnection):
+        return  # stdio: no headers to disagree with the body
+    raw = request.headers.get("mcp-name")
+    name = decode_header_value(raw.strip(" \t")) if raw is not None else None
+    if name != task_id:
+        raise MCPError(HEADER_MISMATCH, "Mcp-Name header does not match params.taskId")
 
 
 def create_task_result(record: TaskRecord) -> dict[str, Any]:
@@ -258,7 +273,8 @@ class TaskTools(Extension):
 
     # -- tasks/get, tasks/update, tasks/cancel (bridge.task_methods) ----------------------
 
-    def _method_bridge(self, ctx: ServerRequestContext[Any, Any]) -> TaskBridge:
+    def _method_bridge(self, ctx: ServerRequestContext[Any, Any], task_id: str) -> TaskBridge:
+        check_routing_name(ctx, task_id)
         if not declares_tasks(ctx):
             raise task_methods.undeclared()
         if self._bridge is None:
@@ -269,13 +285,13 @@ class TaskTools(Extension):
     async def _get(
         self, ctx: ServerRequestContext[Any, Any], params: task_methods.TaskIdParams
     ) -> dict[str, Any]:
-        bridge = self._method_bridge(ctx)
+        bridge = self._method_bridge(ctx, params.task_id)
         return await task_methods.tasks_get(bridge, params.task_id, self._owner_of(ctx))
 
     async def _update(
         self, ctx: ServerRequestContext[Any, Any], params: task_methods.UpdateTaskParams
     ) -> dict[str, Any]:
-        bridge = self._method_bridge(ctx)
+        bridge = self._method_bridge(ctx, params.task_id)
         owner = self._owner_of(ctx)
         return await task_methods.tasks_update(
             bridge, params.task_id, params.input_responses, owner, ctx.request_id
@@ -284,7 +300,7 @@ class TaskTools(Extension):
     async def _cancel(
         self, ctx: ServerRequestContext[Any, Any], params: task_methods.TaskIdParams
     ) -> dict[str, Any]:
-        bridge = self._method_bridge(ctx)
+        bridge = self._method_bridge(ctx, params.task_id)
         owner = self._owner_of(ctx)
         return await task_methods.tasks_cancel(bridge, params.task_id, owner, ctx.request_id)
 

@@ -13,6 +13,7 @@ Unknown, expired and foreign tasks get the same error and cost the same one lead
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any
 
@@ -34,6 +35,9 @@ from bridge.wire import (
 )
 
 COMPLETE: dict[str, Any] = {"resultType": "complete"}  # the tasks/update and cancel ack
+# tasks/update waits up to this long for the owner to take the answers, so the caller's next
+# tasks/get shows them taken (D24, read-your-update); past it, the ack is only eventual (H47).
+UPDATE_APPLIED_WAIT_S = 2.0
 
 
 class TaskIdParams(RequestParams):
@@ -108,7 +112,32 @@ async def tasks_update(
     if record.task.status not in TERMINAL:  # nothing can change a terminal task
         message = UpdateMessage(record.task_id, responses, principal)
         await forward(bridge, record, encode(message), request_id)
+        await until_taken(bridge, record, set(responses))
     return dict(COMPLETE)
+
+
+def outstanding(record: TaskRecord | None) -> set[str]:
+    """The input keys `record` still waits for."""
+    if record is None or record.task.status != "input_required":
+        return set()
+    requests = record.task.inputRequests
+    return set(requests) if isinstance(requests, dict) else set()
+
+
+async def until_taken(bridge: TaskBridge, record: TaskRecord, keys: set[str]) -> None:
+    """Wait (bounded) until none of `keys` is outstanding any more: the owner has taken the
+    answers, or ignored keys that were not outstanding to begin with (H49)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + UPDATE_APPLIED_WAIT_S
+    delay = 0.005
+    current: TaskRecord | None = record
+    while outstanding(current) & keys and loop.time() < deadline:
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, 0.1)
+        try:
+            current = await bridge.get(record.task_id)
+        except Exception:  # the ack stands: the update is stored whatever the read says
+            return
 
 
 async def tasks_cancel(

@@ -205,3 +205,44 @@ def decode_control(data: bytes) -> ControlMessage:
         return _control_decoder.decode(data)
     except (msgspec.ValidationError, msgspec.DecodeError) as exc:
         raise InvalidEnvelope(str(exc)) from None
+
+
+# -- fleet change events (core NATS, not stored): docs/fleet-events.md ------------------------
+
+EVENT_SUBJECT_PREFIX = "mcp.events."
+SERVICE_RE = SERVER_ID_RE  # a service names the upstream its servers stand behind
+# The subject's last two tokens → the notification a listen stream gets.
+EVENT_METHODS: dict[str, str] = {
+    "tools.list_changed": "notifications/tools/list_changed",
+    "prompts.list_changed": "notifications/prompts/list_changed",
+    "resources.list_changed": "notifications/resources/list_changed",
+    "resources.updated": "notifications/resources/updated",
+}
+MAX_URI_BYTES = 8192
+
+
+def event_subject(service: str, kind: str) -> str:
+    """`mcp.events.<service>.<kind>`, kind one of `EVENT_METHODS`."""
+    return f"{EVENT_SUBJECT_PREFIX}{service}.{kind}"
+
+
+class ResourceUpdated(Struct, omit_defaults=True, forbid_unknown_fields=False):
+    """The payload of `mcp.events.<service>.resources.updated`.
+
+    `principals`, when given, is the audience: only streams of these callers learn of the
+    update. Absent, every caller the hub's resource rule lets follow the URI does.
+    """
+
+    uri: str
+    principals: list[str] | UnsetType = UNSET
+
+
+def decode_resource_updated(data: bytes) -> ResourceUpdated:
+    """Raises `InvalidEnvelope` for anything but a valid payload."""
+    try:
+        event = msgspec.json.decode(data, type=ResourceUpdated)
+    except msgspec.DecodeError as exc:
+        raise InvalidEnvelope(f"resources.updated payload: {exc}") from None
+    if not event.uri or len(event.uri.encode()) > MAX_URI_BYTES:
+        raise InvalidEnvelope("resources.updated payload: uri must be 1 to 8192 bytes")
+    return event

@@ -11,7 +11,6 @@ import argparse
 import dataclasses
 import ipaddress
 import os
-import re
 import ssl
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -19,14 +18,15 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from bridge.wire import DEFAULT_BUCKET
+from bridge.events import DEFAULT_SERVICE
+from bridge.wire import DEFAULT_BUCKET, SERVICE_RE
 from hub.auth import AuthSettings
 from hub.cors import normalize_origin
+from hub.fleet_events import load_resource_rule
 from hub.upstream import UpstreamSpec
 
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 LOOPBACK_HOSTS = frozenset({"localhost", "127.0.0.1", "::1"})
-UPSTREAM_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
 
 
 @dataclass(frozen=True)
@@ -71,6 +71,8 @@ class Config:
     nats_tls_key: Path | None = None
     # Listen streams whose client has not read for this long are closed (dead peers).
     send_timeout: float = 30.0
+    # tasks/update: how long the ack waits for the owner to take the answers (D24).
+    update_wait: float = 2.0
     # Grace given to listen streams to say goodbye on shutdown.
     shutdown_grace: float = 5.0
     # How often expired tasks are swept from memory (reads check expiry themselves).
@@ -78,6 +80,8 @@ class Config:
     # The front door (hub/upstream.py): MCP servers whose other methods the hub forwards.
     upstreams: tuple[UpstreamSpec, ...] = ()
     upstream_timeout: float = 30.0
+    # Who may follow which resource URIs on a listen stream (hub/fleet_events.py).
+    resource_rule: str | None = None
 
     @property
     def is_loopback(self) -> bool:
@@ -170,6 +174,13 @@ def _positive_float(text: str) -> float:
     return value
 
 
+def _non_negative_float(text: str) -> float:
+    value = float(text)
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"{text} is not a non-negative number")
+    return value
+
+
 def _origins(text: str) -> tuple[str, ...]:
     try:
         return tuple(normalize_origin(item) for item in text.split(",") if item.strip())
@@ -187,9 +198,10 @@ def parse_upstreams(text: str) -> tuple[UpstreamSpec, ...]:
         name: str | None = None
         head, sep, rest = item.partition("=")
         if sep and "/" not in head and ":" not in head:
-            if not UPSTREAM_NAME.fullmatch(head):
+            if not SERVICE_RE.fullmatch(head) or head == DEFAULT_SERVICE:
                 raise argparse.ArgumentTypeError(
-                    f"upstream name {head!r}: letters, digits, '.', '_' and '-' only"
+                    f"upstream name {head!r}: 1-64 letters, digits, '_' and '-' "
+                    f"(not {DEFAULT_SERVICE!r}, the bare upstream's service)"
                 )
             name, item = head, rest
         parts = urlsplit(item)
@@ -249,6 +261,12 @@ _OPTIONS: list[tuple[str, Callable[[str], Any], str]] = [
     ),
     ("body-timeout", _positive_float, "seconds a client may take to send a request body"),
     (
+        "update-wait",
+        _non_negative_float,
+        "seconds tasks/update waits for the owning server to take the answers, so the "
+        "caller's next tasks/get shows them (0 = ack once stored)",
+    ),
+    (
         "upstream-timeout",
         _positive_float,
         "seconds an upstream may take to connect and answer (an SSE answer: to start)",
@@ -257,6 +275,12 @@ _OPTIONS: list[tuple[str, Callable[[str], Any], str]] = [
         "send-timeout",
         _positive_float,
         "seconds a listen stream may stay blocked on a write before it is dropped",
+    ),
+    (
+        "resource-rule",
+        str,
+        "MODULE:NAME of a callable (principal, service, uri) -> bool: who may follow which "
+        "resource URIs (default: everyone)",
     ),
     ("nats-user", str, "NATS user"),
     ("nats-password", str, "NATS password"),
@@ -336,6 +360,10 @@ def config_from_namespace(ns: argparse.Namespace, parser: argparse.ArgumentParse
     problem = _check_upstreams(values["upstreams"])
     if problem is not None:
         parser.error(problem)
+    try:
+        load_resource_rule(values.get("resource_rule"))
+    except ValueError as exc:
+        parser.error(f"--resource-rule: {exc}")
     if values.get("log_level") not in LOG_LEVELS:
         parser.error(f"--log-level must be one of {', '.join(LOG_LEVELS)}")
     config = Config(**values)

@@ -239,7 +239,8 @@ class McpEndpoint:
         if request.method == "tasks/cancel":
             return await handlers.tasks_cancel(hub, request, principal)
         if request.method == "subscriptions/listen":
-            return await handlers.subscriptions_listen(hub, request, identity)
+            service = None if self.upstream is None else self.upstream.spec.label
+            return await handlers.subscriptions_listen(hub, request, identity, service)
         raise jsonrpc.method_not_found(request.method)
 
     def _dispatch_now(self, request: Request, identity: Identity) -> bytes | None:

@@ -10,6 +10,10 @@ flush per turn writes each dirty stream's backlog as one chunk, straight to its 
 now (socket buffer full, or no direct channel) wakes its own task, which awaits the
 ASGI `send`. One hub-wide tick, not a timer per stream, sends keep-alives and drops
 streams whose client stopped reading.
+
+Fleet change events (docs/fleet-events.md) take the same path: `publish_event` queues the
+event's frame on every stream that asked for it at that service's endpoint (coalescing per
+event type and URI), and the same per-turn flush writes it.
 """
 
 from __future__ import annotations
@@ -18,8 +22,18 @@ import asyncio
 from collections.abc import Iterable
 
 from hub.cache import TaskSnapshot
+from hub.frames import event_frame
 from hub.metrics import Metrics
 from hub.subscriber import EndReason, Subscriber
+
+# (service, kind, uri): kind "tools", "prompts", "resources" (uri "") or "resource" (a URI).
+EventKey = tuple[str, str, str]
+_METHODS = {
+    "tools": b"notifications/tools/list_changed",
+    "prompts": b"notifications/prompts/list_changed",
+    "resources": b"notifications/resources/list_changed",
+    "resource": b"notifications/resources/updated",
+}
 
 
 class Fanout:
@@ -29,6 +43,9 @@ class Fanout:
         self._by_task: dict[str, set[Subscriber]] = {}
         self._subscribers: set[Subscriber] = set()
         self._dirty: set[Subscriber] = set()
+        # Fleet events: who follows which, with the follower's principal (an audience check).
+        self._by_event: dict[EventKey, dict[Subscriber, str]] = {}
+        self._events_of: dict[Subscriber, list[EventKey]] = {}
         self._flush_scheduled = False
         self._metrics = metrics
         self._empty = asyncio.Event()
@@ -70,7 +87,13 @@ class Fanout:
         self._dirty.discard(subscriber)
         for task_id in list(subscriber.task_ids):
             self.unfollow(subscriber, task_id)
+        for key in self._events_of.pop(subscriber, ()):
+            followers = self._by_event[key]
+            del followers[subscriber]
+            if not followers:
+                del self._by_event[key]
         subscriber.backlog.clear()
+        subscriber.events.clear()
         self._metrics.open_streams.set(len(self._subscribers))
         if not self._subscribers:
             self._empty.set()
@@ -94,6 +117,55 @@ class Fanout:
         if not self._flush_scheduled:
             self._flush_scheduled = True
             asyncio.get_running_loop().call_soon(self._flush)
+
+    def follow_events(
+        self,
+        subscriber: Subscriber,
+        service: str,
+        principal: str,
+        kinds: Iterable[str] = (),
+        uris: Iterable[str] = (),
+    ) -> None:
+        """Deliver `service`'s list-changed events of `kinds`, and updates of `uris`."""
+        keys = [(service, kind, "") for kind in kinds] + [(service, "resource", u) for u in uris]
+        for key in keys:
+            self._by_event.setdefault(key, {})[subscriber] = principal
+        self._events_of.setdefault(subscriber, []).extend(keys)
+
+    def publish_event(
+        self, service: str, kind: str, uri: str = "", principals: Iterable[str] | None = None
+    ) -> int:
+        """Queue an event for every stream following it (for `principals` only, if given);
+        returns how many streams it was queued for."""
+        followers = self._by_event.get((service, kind, uri))
+        if not followers:
+            return 0
+        audience = None if principals is None else frozenset(principals)
+        method = _METHODS[kind]
+        backlog_key = kind if kind != "resource" else "resource:" + uri
+        queued = coalesced = 0
+        for subscriber, principal in followers.items():
+            if audience is not None and principal not in audience:
+                continue
+            frame = event_frame(subscriber.subscription_id, method, uri or None)
+            coalesced += subscriber.offer_event(backlog_key, frame)
+            self._dirty.add(subscriber)
+            queued += 1
+        if coalesced:
+            self._metrics.coalesced_frames.inc(coalesced)
+        if queued and not self._flush_scheduled:
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush)
+        return queued
+
+    def resend_events(self) -> None:
+        """After an event source gap (NATS reconnect): tell every follower "list again".
+
+        Events are not stored, so one published during the gap is gone; a spurious
+        list-changed or updated costs a client one refetch, a lost one leaves it stale.
+        """
+        for service, kind, uri in list(self._by_event):
+            self.publish_event(service, kind, uri)
 
     def _flush(self) -> None:
         self._flush_scheduled = False

@@ -8,11 +8,13 @@ two joined. No `id:` lines: streams cannot be resumed (H25).
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 import msgspec
 
 from bridge import vocabulary
 from hub.cache import TaskSnapshot
+from hub.jsonrpc import line_safe
 
 SUBSCRIPTION_ID_KEY = msgspec.json.encode(vocabulary.SUBSCRIPTION_ID_KEY) + b":"
 KEEPALIVE_FRAME = b":\n\n"  # H20: a comment line, ignored by every SSE parser
@@ -23,9 +25,14 @@ def event(payload: bytes) -> bytes:
     return b"data: " + payload + b"\n\n"
 
 
-def ack_frame(subscription_id: bytes, task_ids: list[str] | None) -> bytes:
-    """`notifications/subscriptions/acknowledged` with the granted subset (H56, H57)."""
+def ack_frame(
+    subscription_id: bytes, task_ids: list[str] | None, events: dict[str, Any] | None = None
+) -> bytes:
+    """`notifications/subscriptions/acknowledged` with the granted subset (H56, H57):
+    `taskIds`, and the fleet event filters granted (docs/fleet-events.md)."""
     granted = b"" if task_ids is None else b'"taskIds":' + msgspec.json.encode(task_ids)
+    if events:
+        granted += (b"," if granted else b"") + line_safe(msgspec.json.encode(events))[1:-1]
     return event(
         b'{"jsonrpc":"2.0","method":"notifications/subscriptions/acknowledged","params":{"_meta":{'
         + SUBSCRIPTION_ID_KEY
@@ -51,6 +58,21 @@ def task_frames(prefix: bytes, snapshots: Iterable[TaskSnapshot]) -> bytes:
     for snapshot in snapshots:
         parts += (prefix, snapshot.body[1:], b"}\n\n")
     return b"".join(parts)
+
+
+def event_frame(subscription_id: bytes, method: bytes, uri: str | None = None) -> bytes:
+    """A fleet change event (`notifications/tools/list_changed`, ...) on one stream."""
+    params = b"" if uri is None else b',"uri":' + line_safe(msgspec.json.encode(uri))
+    return event(
+        b'{"jsonrpc":"2.0","method":"'
+        + method
+        + b'","params":{"_meta":{'
+        + SUBSCRIPTION_ID_KEY
+        + subscription_id
+        + b"}"
+        + params
+        + b"}}"
+    )
 
 
 def completion_frame(subscription_id: bytes) -> bytes:

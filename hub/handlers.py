@@ -7,20 +7,22 @@ nothing about tasks it does not own (invariant 3, H46).
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import time
 from typing import Any
 
 import msgspec
 
 from bridge.vocabulary import SERVER_INFO_KEY, SUPPORTED_VERSIONS, TASKS_EXTENSION
-from bridge.wire import CancelMessage, UpdateMessage, control_message_id, encode
+from bridge.wire import MAX_URI_BYTES, CancelMessage, UpdateMessage, control_message_id, encode
 from hub import jsonrpc
 from hub.auth import Identity
 from hub.cache import TaskSnapshot
 from hub.frames import ack_frame
 from hub.limits import retry_after
 from hub.nats_source import StoreUnavailable
-from hub.protocol import Request
+from hub.protocol import LIST_CHANGED_FILTERS, Request
 from hub.runtime import Hub
 from hub.sse import ListenStream
 from hub.subscriber import EndReason, Subscriber
@@ -51,7 +53,9 @@ def discover(request: Request) -> bytes:
 
 
 def merge_discover(answer: Any) -> bytes:
-    """An upstream's `server/discover` answer with the tasks extension merged in.
+    """An upstream's `server/discover` answer with what the hub adds merged in: the tasks
+    extension, and `listChanged` (and `resources.subscribe`) for each of the upstream's
+    tools, prompts and resources, since the hub delivers those events (docs/fleet-events.md).
 
     Everything else stays the upstream's: its versions, capabilities, instructions, server
     info and caching hints (`ttlMs`, `cacheScope`). An error answer passes unchanged.
@@ -65,6 +69,12 @@ def merge_discover(answer: Any) -> bytes:
         if not isinstance(extensions, dict):
             extensions = capabilities["extensions"] = {}
         extensions[TASKS_EXTENSION] = {}
+        for name in ("tools", "prompts", "resources"):
+            offered = capabilities.get(name)
+            if isinstance(offered, dict):
+                offered["listChanged"] = True
+                if name == "resources":
+                    offered["subscribe"] = True
     return msgspec.json.encode(answer)
 
 
@@ -138,9 +148,11 @@ def _pace_poll(hub: Hub, principal: str, task_id: str, snapshot: TaskSnapshot | 
 async def tasks_update(hub: Hub, request: Request, principal: str) -> bytes:
     """`tasks/update` (H47–H50): forward the answers to the owning server, durably.
 
-    The ack means "stored for the owner", not "applied" (H47: eventually consistent);
-    the server ignores keys that are not outstanding (H49). The client's token never
-    travels upstream, only its principal (H54).
+    Stored for the owner is enough for the ack (H47 allows it before the effect), but the
+    hub then waits, at most `--update-wait` seconds, until its snapshot shows the answered
+    keys taken (D24), so the caller's next `tasks/get` reads its own update. The server
+    ignores keys that are not outstanding (H49). The client's token never travels upstream,
+    only its principal (H54).
     """
     assert request.task_id is not None and request.input_responses is not None
     snapshot = await find_task(hub, request.task_id, principal)
@@ -149,7 +161,35 @@ async def tasks_update(hub: Hub, request: Request, principal: str) -> bytes:
     if not snapshot.terminal:  # nothing can change a terminal task
         message = UpdateMessage(snapshot.task_id, request.input_responses, principal)
         await _forward(hub, snapshot, encode(message), request)
+        await _until_taken(hub, snapshot.task_id, set(request.input_responses))
     return jsonrpc.complete_ack(request.id)
+
+
+async def _until_taken(hub: Hub, task_id: str, keys: set[str]) -> None:
+    """Until the snapshot has none of `keys` outstanding (answered, or never asked: H49),
+    the task is gone, or `--update-wait` ran out; the ack stands either way."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + hub.config.update_wait
+    while True:
+        waiter = hub.next_change(task_id)  # before the check: no revision slips between
+        try:
+            current = hub.cache.get(task_id)
+            remaining = deadline - loop.time()
+            if current is None or not keys & _outstanding(current) or remaining <= 0:
+                return
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(remaining):
+                    await waiter
+        finally:
+            waiter.cancel()
+
+
+def _outstanding(snapshot: TaskSnapshot) -> set[str]:
+    """The input keys the task still waits for."""
+    if snapshot.status != "input_required":
+        return set()
+    requests = msgspec.json.decode(snapshot.body).get("inputRequests")
+    return set(requests) if isinstance(requests, dict) else set()
 
 
 async def tasks_cancel(hub: Hub, request: Request, principal: str) -> bytes:
@@ -164,6 +204,25 @@ async def tasks_cancel(hub: Hub, request: Request, principal: str) -> bytes:
     return jsonrpc.complete_ack(request.id)
 
 
+def _grant_events(
+    hub: Hub, request: Request, principal: str, service: str | None
+) -> dict[str, Any]:
+    """The fleet event filters this stream gets, as the ack names them: none without an
+    upstream; the list-changed ones asked for; the resource URIs the resource rule allows."""
+    if service is None:
+        return {}
+    granted: dict[str, Any] = {
+        field: True for field, kind in LIST_CHANGED_FILTERS.items() if kind in request.list_changed
+    }
+    if request.resource_uris is not None:
+        granted["resourceSubscriptions"] = [
+            uri
+            for uri in request.resource_uris
+            if 0 < len(uri.encode()) <= MAX_URI_BYTES and hub.resource_rule(principal, service, uri)
+        ]
+    return granted
+
+
 async def _forward(hub: Hub, snapshot: TaskSnapshot, data: bytes, request: Request) -> None:
     msg_id = control_message_id(jsonrpc.encode_id(request.id), snapshot.owner, data)
     try:
@@ -172,26 +231,41 @@ async def _forward(hub: Hub, snapshot: TaskSnapshot, data: bytes, request: Reque
         raise jsonrpc.internal_error(str(exc)) from exc
 
 
-async def subscriptions_listen(hub: Hub, request: Request, identity: Identity) -> ListenStream:
+async def subscriptions_listen(
+    hub: Hub, request: Request, identity: Identity, service: str | None = None
+) -> ListenStream:
     """`subscriptions/listen` (H55–H65, D16–D18).
 
     Follow the requested tasks *before* reading their state, so a change landing in
     between is queued rather than lost (D17); the ack then names the granted
-    subset and the current states follow it.
+    subset and the current states follow it. At an upstream's endpoint (`service`), the
+    fleet event filters are granted too (docs/fleet-events.md).
     """
     principal = identity.principal
     requested = list(request.task_ids or ())
-    if len(requested) > hub.config.max_task_ids:
-        hub.metrics.limited.inc(1, "task_ids")
-        raise jsonrpc.invalid_params(
-            f"Too many taskIds: at most {hub.config.max_task_ids} per subscription"
-        )
+    limit = hub.config.max_task_ids
+    for name, count in (
+        ("taskIds", len(requested)),
+        ("resourceSubscriptions", len(request.resource_uris or ())),
+    ):
+        if count > limit:
+            hub.metrics.limited.inc(1, "task_ids")
+            raise jsonrpc.invalid_params(f"Too many {name}: at most {limit} per subscription")
     refusal = hub.streams.acquire(principal)
     if refusal is not None:
         hub.metrics.limited.inc(1, "streams")
         raise jsonrpc.rate_limited(f"Too many open streams: {refusal}", "5")
     subscriber = Subscriber(jsonrpc.encode_id(request.id), requested)
     hub.fanout.subscribe(subscriber)
+    events = _grant_events(hub, request, principal, service)
+    if events:
+        hub.fanout.follow_events(
+            subscriber,
+            service or "",
+            principal,
+            [kind for field, kind in LIST_CHANGED_FILTERS.items() if events.get(field)],
+            events.get("resourceSubscriptions", ()),
+        )
 
     def release(subscriber: Subscriber) -> None:
         hub.fanout.unsubscribe(subscriber)
@@ -214,7 +288,11 @@ async def subscriptions_listen(hub: Hub, request: Request, identity: Identity) -
         raise
     if hub.closing:
         subscriber.finish(EndReason.SHUTDOWN)
-    first = ack_frame(subscriber.subscription_id, granted if request.task_ids is not None else None)
+    first = ack_frame(
+        subscriber.subscription_id,
+        granted if request.task_ids is not None else None,
+        events,
+    )
     return ListenStream(
         subscriber,
         first,

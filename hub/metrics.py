@@ -81,11 +81,22 @@ class Metrics:
             ("method", "outcome"),
         )
         self.notifications_sent = Counter(
-            "taskhub_notifications_sent_total", "notifications/tasks frames written to streams"
+            "taskhub_notifications_sent_total",
+            "notifications written to listen streams (task states and fleet events)",
         )
         self.coalesced_frames = Counter(
             "taskhub_coalesced_frames_total",
             "unsent task snapshots replaced by a newer revision for a slow stream",
+        )
+        self.events_received = Counter(
+            "taskhub_fleet_events_total",
+            "fleet change events received from NATS, by kind",
+            ("kind",),
+        )
+        self.events_rejected = Counter(
+            "taskhub_fleet_events_rejected_total",
+            "fleet change events dropped (bad subject or payload), by reason",
+            ("reason",),
         )
         self.kv_updates = Counter(
             "taskhub_kv_updates_total", "task revisions accepted into the snapshot cache"

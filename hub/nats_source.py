@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import nats
@@ -92,6 +93,7 @@ class NatsSource:
         self._rewatch_task: asyncio.Task[None] | None = None
         self._check_task: asyncio.Task[None] | None = None
         self._cleanups: set[asyncio.Task[None]] = set()
+        self.on_reconnected: Callable[[], None] | None = None  # after the watch is restarted
 
     @property
     def ready(self) -> bool:
@@ -304,6 +306,8 @@ class NatsSource:
     async def _on_reconnected(self) -> None:
         log.info("NATS reconnected")
         self._restart_watch()
+        if self.on_reconnected is not None:
+            self.on_reconnected()
 
     def _restart_watch(self) -> None:
         """Not ready until the cache has caught up with what changed meanwhile."""

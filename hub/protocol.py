@@ -27,6 +27,13 @@ TASK_METHODS = frozenset({"tasks/get", "tasks/update", "tasks/cancel"})
 METHODS = frozenset({"server/discover", "subscriptions/listen", *TASK_METHODS})
 
 
+# subscriptions/listen filters for fleet change events (docs/fleet-events.md): field → kind.
+LIST_CHANGED_FILTERS = {
+    "toolsListChanged": "tools",
+    "promptsListChanged": "prompts",
+    "resourcesListChanged": "resources",
+}
+
 # Header names, lower-cased (H16: names are case-insensitive, values are not).
 _VERSION_HEADER = "mcp-protocol-version"
 _METHOD_HEADER = "mcp-method"
@@ -56,6 +63,8 @@ class Request(msgspec.Struct, frozen=True, kw_only=True):
     task_id: str | None = None  # tasks/get, tasks/update, tasks/cancel
     input_responses: dict[str, Any] | None = None  # tasks/update
     task_ids: tuple[str, ...] | None = None  # subscriptions/listen; None = not requested
+    list_changed: frozenset[str] = frozenset()  # subscriptions/listen: "tools", "prompts", ...
+    resource_uris: tuple[str, ...] | None = None  # subscriptions/listen: resourceSubscriptions
 
 
 class Forward(msgspec.Struct, frozen=True):
@@ -236,22 +245,39 @@ def _task_request(headers: Mapping[str, str], request: Request) -> Request:
 
 
 def _listen_request(headers: Mapping[str, str], request: Request) -> Request:
-    """subscriptions/listen: D21, then H55, H32 and the taskIds shape."""
+    """subscriptions/listen: D21, then H55, the list-changed and resource filters, then H32 and
+    the taskIds shape. Unknown filter fields are left out of the ack (H57)."""
     if not _accepts_event_stream(headers.get(_ACCEPT_HEADER)):
         message = "Invalid request: subscriptions/listen needs Accept: text/event-stream"
         raise jsonrpc.invalid_request(message)
     notifications = request.params.get("notifications")
     if not isinstance(notifications, dict):  # H55
         raise jsonrpc.invalid_params("params.notifications must be an object")
+    list_changed = []
+    for field, kind in LIST_CHANGED_FILTERS.items():
+        wanted = notifications.get(field, False)
+        if not isinstance(wanted, bool):
+            raise jsonrpc.invalid_params(f"params.notifications.{field} must be a boolean")
+        if wanted:
+            list_changed.append(kind)
+    resource_uris = None
+    if "resourceSubscriptions" in notifications:
+        resource_uris = _strings(notifications["resourceSubscriptions"], "resourceSubscriptions")
+    request = msgspec.structs.replace(
+        request, list_changed=frozenset(list_changed), resource_uris=resource_uris
+    )
     if "taskIds" not in notifications:
-        return request  # other filters (toolsListChanged, ...) are left out of the ack
+        return request
     if not request.declared_tasks:  # H32
         raise jsonrpc.missing_capability()
-    raw_ids = notifications["taskIds"]
-    if not isinstance(raw_ids, list) or not all(isinstance(item, str) for item in raw_ids):
-        raise jsonrpc.invalid_params("params.notifications.taskIds must be an array of strings")
-    # Duplicates removed, first occurrence wins: one subscription per task.
-    return msgspec.structs.replace(request, task_ids=tuple(dict.fromkeys(raw_ids)))
+    return msgspec.structs.replace(request, task_ids=_strings(notifications["taskIds"], "taskIds"))
+
+
+def _strings(value: Any, field: str) -> tuple[str, ...]:
+    """An array of strings, duplicates removed, first occurrence first."""
+    if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
+        raise jsonrpc.invalid_params(f"params.notifications.{field} must be an array of strings")
+    return tuple(dict.fromkeys(value))
 
 
 def _accepts_event_stream(accept: str | None) -> bool:

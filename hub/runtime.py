@@ -11,9 +11,10 @@ import contextlib
 import logging
 
 from hub.auth import Authenticator
-from hub.cache import Rejected, TaskCache
+from hub.cache import Rejected, TaskCache, TaskSnapshot
 from hub.config import Config
 from hub.fanout import Fanout
+from hub.fleet_events import EventSource, load_resource_rule
 from hub.limits import PollLimiter, StreamLimiter
 from hub.metrics import Metrics
 from hub.nats_source import NatsSource
@@ -27,10 +28,12 @@ class Hub:
         self.metrics = Metrics()
         self.fanout = Fanout(self.metrics)
         self.cache = TaskCache(
-            on_change=self.fanout.publish,
-            on_remove=self.fanout.forget,
+            on_change=self._changed,
+            on_remove=self._removed,
             on_reject=self._count_rejection,
         )
+        # Requests waiting for a task's next revision (tasks/update, read-your-update).
+        self._waiters: dict[str, set[asyncio.Future[TaskSnapshot | None]]] = {}
         self.source = NatsSource(
             nats_url,
             config.bucket,
@@ -39,6 +42,9 @@ class Hub:
             replicas=config.replicas,
             nats_options=config.nats_options(),
         )
+        self.events = EventSource(self.fanout, self.metrics)
+        self.source.on_reconnected = self.events.reconnected
+        self.resource_rule = load_resource_rule(config.resource_rule)
         self.metrics.cached_tasks.track(lambda: len(self.cache))
         self.authenticator = Authenticator.from_settings(config.auth)
         self.polls = PollLimiter(config.poll_burst, config.default_poll_interval)
@@ -56,6 +62,7 @@ class Hub:
 
     async def start(self) -> None:
         await self.source.start()
+        await self.events.start(self.source.nc)
         self._background = [
             asyncio.create_task(self._sweep_expired()),
             asyncio.create_task(self._tick_streams()),
@@ -77,6 +84,7 @@ class Hub:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        await self.events.stop()
         await self.source.close()
 
     async def _sweep_expired(self) -> None:
@@ -92,6 +100,37 @@ class Hub:
         while True:
             await asyncio.sleep(period)
             self.fanout.tick(loop.time(), keepalive, send_timeout)
+
+    def next_change(self, task_id: str) -> asyncio.Future[TaskSnapshot | None]:
+        """Resolves with the task's next accepted revision, or None when it is removed.
+
+        The caller cancels it when it stops waiting; a cancelled waiter is dropped."""
+        waiter: asyncio.Future[TaskSnapshot | None] = asyncio.get_running_loop().create_future()
+        waiters = self._waiters.setdefault(task_id, set())
+        waiters.add(waiter)
+
+        def forget(done: asyncio.Future[TaskSnapshot | None]) -> None:
+            waiters.discard(done)
+            if not waiters and self._waiters.get(task_id) is waiters:
+                del self._waiters[task_id]
+
+        waiter.add_done_callback(forget)
+        return waiter
+
+    def _changed(self, snapshot: TaskSnapshot) -> None:
+        self.fanout.publish(snapshot)
+        if self._waiters:
+            self._wake(snapshot.task_id, snapshot)
+
+    def _removed(self, task_id: str) -> None:
+        self.fanout.forget(task_id)
+        if self._waiters:
+            self._wake(task_id, None)
+
+    def _wake(self, task_id: str, snapshot: TaskSnapshot | None) -> None:
+        for waiter in list(self._waiters.get(task_id, ())):
+            if not waiter.done():
+                waiter.set_result(snapshot)
 
     def _count_rejection(self, reason: Rejected) -> None:
         self.metrics.kv_rejected.inc(1, reason.value)

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from starlette.types import Receive, Scope, Send
 
 from hub.connection import connection_of
-from hub.frames import KEEPALIVE_FRAME, completion_frame, task_frames
+from hub.frames import KEEPALIVE_FRAME, completion_frame
 from hub.metrics import Metrics
 from hub.subscriber import EndReason, Subscriber
 
@@ -75,10 +75,10 @@ class ListenStream:
             await self._write(send, self.first_frame)
             subscriber.opened()
             while not subscriber.ended:
-                batch = subscriber.take()
-                if batch:
-                    await self._write(send, task_frames(subscriber.prefix, batch))
-                    self.metrics.notifications_sent.inc(len(batch))
+                if subscriber.pending:
+                    data, count = subscriber.take_frames()
+                    await self._write(send, data)
+                    self.metrics.notifications_sent.inc(count)
                 elif subscriber.keepalive_due:
                     subscriber.keepalive_due = False
                     await self._write(send, KEEPALIVE_FRAME)

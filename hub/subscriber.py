@@ -20,6 +20,11 @@ A stream moves through explicit states, and only the methods here move it:
 The backlog holds at most one snapshot per followed task: a newer revision replaces an
 unsent older one. Snapshots are full state, so coalescing loses nothing a client needs,
 and a stalled client costs memory bounded by the tasks it follows (invariant 5).
+
+Fleet change events (docs/fleet-events.md) have a backlog of their own with the same rule:
+at most one unsent frame per event type and resource URI. They are signals ("list again",
+"read again"), so two unsent ones say no more than one. A write sends the queued task
+states first, then the queued events.
 """
 
 from __future__ import annotations
@@ -70,6 +75,7 @@ class Subscriber:
         "backlog",
         "channel",
         "end_reason",
+        "events",
         "keepalive_due",
         "last_write",
         "prefix",
@@ -85,6 +91,7 @@ class Subscriber:
         self.prefix = notification_prefix(subscription_id)
         self.task_ids: set[str] = set(task_ids)
         self.backlog: dict[str, TaskSnapshot] = {}
+        self.events: dict[str, bytes] = {}  # event key → its unsent frame
         self.state = _OPENING
         self.end_reason: EndReason | None = None  # set on finish() or on the way to ENDED
         self.channel: DirectChannel | None = None
@@ -105,28 +112,48 @@ class Subscriber:
         return queued is not None
 
     def take(self) -> list[TaskSnapshot]:
-        """Everything queued so far, oldest task first."""
+        """Every task state queued so far, oldest task first."""
         if not self.backlog:
             return []
         batch = list(self.backlog.values())
         self.backlog.clear()
         return batch
 
+    def offer_event(self, key: str, frame: bytes) -> bool:
+        """Queue a fleet event's frame; True if it replaced an unsent one of the same key."""
+        replaced = key in self.events
+        self.events[key] = frame
+        return replaced
+
+    @property
+    def pending(self) -> bool:
+        return bool(self.backlog or self.events)
+
+    def take_frames(self) -> tuple[bytes, int]:
+        """Everything queued as one chunk: task states, then events; and how many."""
+        batch = self.take()
+        data = task_frames(self.prefix, batch) if batch else b""
+        if not self.events:
+            return data, len(batch)
+        events = list(self.events.values())
+        self.events.clear()
+        return data + b"".join(events), len(batch) + len(events)
+
     # -- writes from the fan-out (hub/fanout.py) --------------------------------------------
 
     def flush(self, now: float) -> int:
         """Write the backlog straight out if the socket takes it, else wake the writer;
         returns the number of notifications written."""
-        if not self.backlog or self.state is not _LIVE:
+        if not (self.backlog or self.events) or self.state is not _LIVE:
             return 0  # nothing to do, or the writer has it in hand
         channel = self._writable_channel()
         if channel is None:
             self.wake()
             return 0
-        batch = self.take()
-        channel.write(task_frames(self.prefix, batch))
+        data, count = self.take_frames()
+        channel.write(data)
         self.last_write = now
-        return len(batch)
+        return count
 
     def keepalive(self, now: float) -> None:
         """H20: an idle live stream gets a comment now and then (only while `live`)."""

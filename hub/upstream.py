@@ -26,6 +26,7 @@ import httpx
 import msgspec
 from starlette.types import Receive, Scope, Send
 
+from bridge.events import DEFAULT_SERVICE
 from hub import jsonrpc
 from hub.metrics import Metrics
 
@@ -63,8 +64,8 @@ class UpstreamSpec:
 
     @property
     def label(self) -> str:
-        """For metrics, logs and error messages."""
-        return self.name or "default"
+        """The service name: fleet events (bridge/events.py), metrics, logs and errors."""
+        return self.name or DEFAULT_SERVICE
 
     @property
     def path(self) -> str:
@@ -305,7 +306,9 @@ class Upstream:
 
 
 def _forwarded_headers(scope: Scope) -> list[tuple[bytes, bytes]]:
-    headers = [(k, v) for k, v in scope["headers"] if k not in _NOT_FORWARDED]
+    # Surrounding spaces and tabs are not part of a field value (RFC 9110 §5.5); httptools
+    # keeps trailing ones, which the upstream's HTTP client (h11) refuses to send at all.
+    headers = [(k, v.strip(b" \t")) for k, v in scope["headers"] if k not in _NOT_FORWARDED]
     client = scope.get("client")
     if client:
         headers.append((b"x-forwarded-for", client[0].encode()))

@@ -87,3 +87,45 @@ def test_the_readme_documents_every_option() -> None:
     for flag, _, help in _OPTIONS:
         env = "TASKHUB_" + flag.upper().replace("-", "_")
         assert f"| `--{flag}` | `{env}` |" in readme and help in readme, flag
+
+
+def test_upstreams_come_from_repeated_flags_or_the_environment() -> None:
+    from hub.upstream import UpstreamSpec
+
+    config = config_from_args(
+        ["--upstream", "http://a:1/mcp", "--upstream", "b=http://b/mcp,c=https://c/mcp?x=1"],
+        env={"TASKHUB_UPSTREAM": "ignored=http://z/mcp"},
+    )
+    assert config.upstreams == (
+        UpstreamSpec(None, "http://a:1/mcp"),
+        UpstreamSpec("b", "http://b/mcp"),
+        UpstreamSpec("c", "https://c/mcp?x=1"),
+    )
+    assert [spec.path for spec in config.upstreams] == ["/mcp", "/servers/b/mcp", "/servers/c/mcp"]
+    from_env = config_from_args([], env={"TASKHUB_UPSTREAM": "a=http://a/mcp, http://d/mcp"})
+    assert [(s.name, s.url) for s in from_env.upstreams] == [
+        ("a", "http://a/mcp"),
+        (None, "http://d/mcp"),
+    ]
+    assert config_from_args([], env={}).upstreams == ()
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--upstream", "ftp://a/mcp"], "is not an http(s) URL"),
+        (["--upstream", "a.b=http://a/mcp"], "upstream name 'a.b'"),
+        (["--upstream", "default=http://a/mcp"], "upstream name 'default'"),
+        (["--upstream", "http://a/mcp", "--upstream", "http://b/mcp"], "served at /mcp"),
+        (["--upstream", "x=http://a/mcp,x=http://b/mcp"], "served at /servers/x/mcp"),
+        (["--resource-rule", "nomodule"], "expected MODULE:NAME"),
+        (["--resource-rule", "hub.no_such_module:rule"], "resource rule"),
+        (["--resource-rule", "hub.config:LOOPBACK_HOSTS"], "is not callable"),
+    ],
+)
+def test_bad_upstreams_and_resource_rules_are_refused(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit):
+        config_from_args(argv, env={})
+    assert message in capsys.readouterr().err

@@ -171,3 +171,57 @@ async def test_a_keepalive_for_a_stream_that_cannot_take_it_goes_through_its_wri
     fanout.tick(now=100.0, keepalive=5.0, send_timeout=30.0)
     await asyncio.wait_for(parked, 5)
     assert sub.keepalive_due and channel.chunks == []
+
+
+# -- fleet events (docs/fleet-events.md) ---------------------------------------------------
+
+
+async def test_a_stalled_stream_keeps_only_the_latest_of_each_event() -> None:
+    metrics = Metrics()
+    fanout = Fanout(metrics)
+    sub, channel = live(fanout, ["a"])
+    fanout.follow_events(
+        sub, "alpha", "anonymous", ["tools", "prompts"], ["file:///x", "file:///y"]
+    )
+    sub.blocking(0.0)  # the client stopped reading
+    for _ in range(100):
+        fanout.publish_event("alpha", "tools")
+        fanout.publish_event("alpha", "resource", "file:///x")
+    fanout.publish_event("alpha", "resource", "file:///y")
+    fanout.publish(snap("a", 3))
+    await next_turn()
+    assert channel.chunks == [] and len(sub.events) == 3  # bounded by kinds and URIs followed
+    assert metrics.coalesced_frames.value() == 198
+    data, count = sub.take_frames()
+    assert count == 4
+    assert data.index(b"notifications/tasks") < data.index(b"list_changed")  # states first
+    assert data.count(b"notifications/tools/list_changed") == 1
+    assert data.count(b'"uri":"file:///x"') == 1 and data.count(b'"uri":"file:///y"') == 1
+    assert b"prompts" not in data  # never published
+
+
+async def test_events_follow_the_service_and_the_audience() -> None:
+    fanout = Fanout(Metrics())
+    alice, a_channel = live(fanout, [])
+    bob, b_channel = live(fanout, [])
+    fanout.follow_events(alice, "alpha", "alice", uris=["doc://1"])
+    fanout.follow_events(bob, "alpha", "bob", ["tools"], ["doc://1"])
+    assert fanout.publish_event("beta", "tools") == 0  # another service's endpoint
+    assert fanout.publish_event("alpha", "resource", "doc://1", principals=["bob"]) == 1
+    assert fanout.publish_event("alpha", "prompts") == 0
+    await next_turn()
+    assert a_channel.chunks == [] and len(b_channel.chunks) == 1
+
+
+async def test_resend_tells_every_follower_once_and_unsubscribe_forgets_them() -> None:
+    fanout = Fanout(Metrics())
+    sub, channel = live(fanout, [])
+    fanout.follow_events(sub, "alpha", "anonymous", ["tools", "resources"], ["doc://1"])
+    fanout.resend_events()
+    await next_turn()
+    (chunk,) = channel.chunks
+    assert chunk.count(b"data: ") == 3
+    fanout.unsubscribe(sub)
+    assert fanout.publish_event("alpha", "tools") == 0
+    fanout.resend_events()  # nothing registered any more
+    assert fanout._by_event == {} and fanout._events_of == {}

@@ -64,7 +64,7 @@ def build_server(connect: Connect, *, poll_interval_ms: int = 500) -> MCPServer[
 
 
 def run(argv: Sequence[str] | None = None) -> None:
-    main("alpha", build_server, argv)
+    main("alpha", lambda connect, _service: build_server(connect), argv)
 
 
 if __name__ == "__main__":

@@ -42,7 +42,7 @@ def build_server(connect: Connect, *, poll_interval_ms: int = 500) -> MCPServer[
 
 
 def run(argv: Sequence[str] | None = None) -> None:
-    main("beta", build_server, argv)
+    main("beta", lambda connect, _service: build_server(connect), argv)
 
 
 if __name__ == "__main__":

@@ -19,8 +19,10 @@ from typing import Any
 
 import uvicorn
 from mcp.server.mcpserver import MCPServer
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from bridge import TaskBridge
+from bridge.events import DEFAULT_SERVICE
 from bridge.mcp_server import TaskTools
 
 Connect = Callable[[], Awaitable[TaskBridge]]
@@ -45,7 +47,7 @@ def task_lifespan(tasks: TaskTools, connect: Connect) -> Lifespan:
     return lifespan
 
 
-class _Server(uvicorn.Server):
+class ReadyFileServer(uvicorn.Server):
     """uvicorn that writes its URL to a file once it listens (the port may be 0), and
     exits 0 after a SIGTERM/SIGINT stop instead of re-raising the signal."""
 
@@ -72,11 +74,39 @@ class _Server(uvicorn.Server):
                 signal.signal(sig, handler)
 
 
-def main(name: str, build: Callable[[Connect], MCPServer[Any]], argv: Sequence[str] | None) -> None:
-    parser = argparse.ArgumentParser(prog=f"python -m examples.fleet.{name}")
+def strip_header_whitespace(app: ASGIApp) -> ASGIApp:
+    """Spaces and tabs around a header value are not part of it (RFC 9110 §5.5).
+
+    uvicorn's httptools parser keeps trailing ones and the SDK compares `Mcp-Name` as
+    received, so `Mcp-Name: greet  ` would not match `greet` (the conformance suite's
+    http-header-validation checks it)."""
+
+    async def stripped(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            headers = [(name, value.strip(b" \t")) for name, value in scope["headers"]]
+            scope = {**scope, "headers": headers}
+        await app(scope, receive, send)
+
+    return stripped
+
+
+def main(
+    name: str,
+    build: Callable[[Connect, str], MCPServer[Any]],
+    argv: Sequence[str] | None,
+    *,
+    prog: str | None = None,
+) -> None:
+    """The command line of a server on the bridge: `build(connect, service)` makes it."""
+    parser = argparse.ArgumentParser(prog=prog or f"python -m examples.fleet.{name}")
     parser.add_argument("--nats-url", required=True, help="the NATS the hub reads")
     parser.add_argument("--server-id", default=f"{name}-1", help="unique per process")
     parser.add_argument("--bucket", default="mcp-tasks")
+    parser.add_argument(
+        "--service",
+        default=DEFAULT_SERVICE,
+        help="its name at the hub (--upstream NAME=URL), for fleet change events",
+    )
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0, help="0 = any free port")
     parser.add_argument("--ready-file", type=Path, help="write the server's URL here")
@@ -93,12 +123,13 @@ def main(name: str, build: Callable[[Connect], MCPServer[Any]], argv: Sequence[s
 
     # 2026-07-28 requests are served statelessly whatever the flag; it keeps legacy
     # (initialize) clients sessionless too, as a horizontally scaled fleet needs.
-    app = build(connect).streamable_http_app(stateless_http=True, host=args.host)
+    app = build(connect, args.service).streamable_http_app(stateless_http=True, host=args.host)
     config = uvicorn.Config(
-        app,
+        strip_header_whitespace(app),
         host=args.host,
         port=args.port,
         log_level="warning",
         timeout_graceful_shutdown=args.shutdown_grace,
+        lifespan="on",
     )
-    asyncio.run(_Server(config, args.ready_file).serve())
+    asyncio.run(ReadyFileServer(config, args.ready_file).serve())

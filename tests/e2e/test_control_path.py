@@ -3,14 +3,28 @@
 from __future__ import annotations
 
 import json
+from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from bridge import TaskBridge
 from bridge.wire import CONTROL_STREAM, control_subject, kv_subject
-from tests.helpers import HubHarness, envelope, new_task_id, rpc
+from tests.helpers import HubHarness, envelope, new_task_id, rpc, start_hub
 
 ANSWER = {"q1": {"action": "accept", "content": {"ok": True}}}
+# No server consumes the control stream here, so no answer is ever taken and each
+# tasks/update is acked when --update-wait runs out (D24): kept short.
+SHORT_WAIT = 0.2
+
+
+@pytest.fixture
+async def hub(nats_url: str, bucket: str, tmp_path: Path) -> AsyncIterator[HubHarness]:
+    harness = await start_hub(nats_url, bucket, tmp_path, update_wait=SHORT_WAIT)
+    await harness.hub.source.wait_caught_up(10)
+    yield harness
+    await harness.stop()
 
 
 async def queued(js: Any, server: str) -> list[dict[str, Any]]:
@@ -113,3 +127,44 @@ async def test_update_on_a_working_task_is_still_forwarded(
     tid = await seed(js, bucket, server_id, "working")
     acked(await hub.call(rpc("tasks/update", {"taskId": tid, "inputResponses": {}}, id=1)), 1)
     assert [m["op"] for m in await queued(js, server_id)] == ["update"]
+
+
+async def test_the_ack_of_an_update_comes_once_the_owner_took_the_answers(
+    nats_url: str, bucket: str, tmp_path: Path, server_id: str
+) -> None:
+    """D24: right after the ack, tasks/get shows the answered key gone, the other still asked."""
+    harness = await start_hub(nats_url, bucket, tmp_path)  # the default wait, 2 s
+    questions = {
+        key: {
+            "method": "elicitation/create",
+            "params": {
+                "mode": "form",
+                "message": key,
+                "requestedSchema": {"type": "object", "properties": {}},
+            },
+        }
+        for key in ("first", "second")
+    }
+    try:
+        async with await TaskBridge.connect(nats_url, server_id, bucket=bucket) as bridge:
+            taken: list[dict[str, Any]] = []
+
+            async def on_input(task_id: str, responses: dict[str, Any]) -> None:
+                taken.append(responses)
+
+            bridge.on_input(on_input)
+            task = await bridge.create(owner="anonymous", ttl_ms=600_000)
+            await bridge.require_input(task.task_id, questions)
+            await harness.hub.source.wait_caught_up(10)
+            update = rpc(
+                "tasks/update",
+                {"taskId": task.task_id, "inputResponses": {"first": {"action": "decline"}}},
+                id="u",
+            )
+            acked(await harness.call(update), "u")
+            state = (await harness.get_task(task.task_id)).json()["result"]
+            assert state["status"] == "input_required"
+            assert set(state["inputRequests"]) == {"second"}  # read-your-update
+            assert taken == [{"first": {"action": "decline"}}]
+    finally:
+        await harness.stop()

@@ -11,6 +11,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import signal
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -476,3 +478,61 @@ async def test_the_fleet_demo_runs_with_one_hub_url_per_server(
     assert any("question: Deploy billing to production?" in line for line in lines)
     # The listen streams were the hub's: the servers were never asked for one.
     assert front.hub.metrics.requests.value("subscriptions/listen", "ok") == 3
+
+
+async def test_sigterm_stops_the_hub_while_a_client_holds_a_forwarded_stream(
+    tmp_path: Path,
+) -> None:
+    from tests.e2e.test_serve import free_port, taskhub_command
+
+    upstream_saw_close = asyncio.Event()
+
+    async def endless(
+        _: Arrived, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        writer.write(
+            sse_head()
+            + chunk(sse_event({"jsonrpc": "2.0", "method": "notifications/progress", "params": {}}))
+        )
+        await writer.drain()
+        await reader.read()  # until the hub lets go
+        upstream_saw_close.set()
+
+    async with raw_upstream(endless) as upstream:
+        port = free_port()
+        args = [
+            "serve",
+            "--port",
+            str(port),
+            "--data-dir",
+            str(tmp_path),
+            "--upstream",
+            upstream.url,
+        ]
+        proc = await asyncio.create_subprocess_exec(*taskhub_command(), *args)
+        try:
+            url = f"http://127.0.0.1:{port}/readyz"
+            async with httpx.AsyncClient(timeout=5) as client:
+
+                async def ready() -> bool:
+                    try:
+                        return (await client.get(url)).status_code == 200
+                    except httpx.TransportError:
+                        return False
+
+                await eventually(ready, timeout=10)
+                body = tool_call()
+                async with client.stream(
+                    "POST", f"http://127.0.0.1:{port}/mcp", json=body, headers=headers_for(body)
+                ) as response:
+                    await SseStream(response).next()  # the forwarded stream is open
+                    stopping = time.monotonic()
+                    proc.send_signal(signal.SIGTERM)
+                    async with asyncio.timeout(20):
+                        assert await proc.wait() == 0
+                    assert time.monotonic() - stopping < 15  # the grace is bounded
+            await asyncio.wait_for(upstream_saw_close.wait(), 5)
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()

@@ -24,7 +24,7 @@ import pytest
 from nats.aio.client import Client
 from nats.js.errors import NotFoundError
 
-from bridge import TaskBridge
+from bridge import FleetEvents, TaskBridge
 from bridge.jetstream import ensure_bucket, ensure_control_stream
 from bridge.wire import CONTROL_STREAM, DEFAULT_BUCKET, control_subject, kv_stream, kv_subject
 from hub.cache import TaskCache
@@ -289,3 +289,21 @@ async def test_limit_any_server_may_write_any_task_key(provisioned: Cluster) -> 
         )
         assert ack.seq > task.revision
         assert one.errors.empty() and two.errors.empty()
+
+
+async def test_a_server_announces_its_services_events_and_no_other(
+    provisioned: Cluster,
+) -> None:
+    async with connect(provisioned, "hub") as hub, connect(provisioned, "srv-1") as srv:
+        heard: asyncio.Queue[str] = asyncio.Queue()
+
+        async def on_event(msg: Any) -> None:
+            await heard.put(msg.subject)
+
+        await hub.nc.subscribe("mcp.events.>", cb=on_event)  # what hub/fleet_events.py does
+        await hub.nc.flush()
+        await FleetEvents(srv.nc, "other").tools_changed()
+        await srv.violation("publish", "mcp.events.other.tools.list_changed")
+        await FleetEvents(srv.nc).tools_changed()
+        assert await asyncio.wait_for(heard.get(), 5) == "mcp.events.default.tools.list_changed"
+        assert heard.empty() and hub.errors.empty()
