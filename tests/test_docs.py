@@ -20,7 +20,17 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-SCANNED = ("README.md", "bench", "bridge", "deploy", "docs", "examples", "hub", "tests")
+SCANNED = (
+    "README.md",
+    "bench",
+    "bridge",
+    "conformance",
+    "deploy",
+    "docs",
+    "examples",
+    "hub",
+    "tests",
+)
 SKIPPED_DIRS = frozenset({"node_modules", "__pycache__"})
 SKIPPED_FILES = frozenset({"package-lock.json"})
 PROTOCOL = "docs/protocol.md"

@@ -9,23 +9,20 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+CHECKED = ("hub", "bridge", "tests", "examples", "bench", "conformance")
 
 
 @pytest.mark.parametrize(
     "command",
     [
-        [sys.executable, "-m", "ruff", "check", "hub", "bridge", "tests", "examples", "bench"],
+        [sys.executable, "-m", "ruff", "check", *CHECKED],
         [
             sys.executable,
             "-m",
             "ruff",
             "format",
             "--check",
-            "hub",
-            "bridge",
-            "tests",
-            "examples",
-            "bench",
+            *CHECKED,
         ],
         [sys.executable, "-m", "mypy"],
     ],
