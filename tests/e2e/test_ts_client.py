@@ -1,14 +1,19 @@
-"""The hub driven by the real TypeScript client `@modelcontextprotocol/client` 2.4.0.
+"""The real TypeScript client `@modelcontextprotocol/client` 2.4.0, on Node 22.
 
 `tests/e2e/ts/listen.mjs` connects the client pinned to 2026-07-28 (its connect probe is
 `server/discover`), declares the tasks extension, calls `server/discover` and `tasks/get`, then
 opens `client.listen({taskIds: [id]})` and prints each `notifications/tasks` it receives as a JSON
-line until the task is terminal. This test writes the task's states with the bridge and checks
-that the client saw each one exactly as written.
+line until the task is terminal. The first test writes the task's states with the bridge and
+checks that the client saw each one exactly as written at the hub.
 
-The Node dependencies are installed by `npm ci` from the committed lockfile, once per session.
-The test skips only when `node`/`npm` is missing or the npm registry cannot be reached; set
-`TASKHUB_REQUIRE_TS_CLIENT=1` to turn those skips into failures.
+`tests/e2e/ts/flow.mjs` is a whole client flow against one URL (`client_url`, one per entry of
+`npm.TARGETS`): discover (the tasks extension in the capabilities), `tools/list`, a `tools/call`
+that answers with a task, then listen to that task where the URL grants it, or `tasks/get` until
+terminal where it does not (a fleet server alone declines task subscriptions), and the result.
+
+Node 22 and the client come from the npm project in tests/e2e/ts (`npm ci`, once per session,
+see `tests/e2e/npm.py`). The tests skip only when `npm` is missing or the npm registry cannot be
+reached; `TASKHUB_REQUIRE_TS_CLIENT=1` turns those skips into failures.
 """
 
 from __future__ import annotations
@@ -16,38 +21,23 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
-import re
-import shutil
-import subprocess
-import time
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import msgspec
 import pytest
 
 from bridge import TaskBridge, TaskRecord
+from tests.e2e import npm
+from tests.e2e.npm import TS_DIR, Target
 from tests.helpers import PROTOCOL, SUB_KEY, TASKS_EXT, HubHarness, eventually
 
-TS_DIR = Path(__file__).parent / "ts"
+pytestmark = pytest.mark.timeout(npm.TEST_TIMEOUT)
+
 SCRIPT = TS_DIR / "listen.mjs"
-CLIENT_VERSION = "2.4.0"
-PINNED = {
-    "@modelcontextprotocol/client": CLIENT_VERSION,
-    "@modelcontextprotocol/core": CLIENT_VERSION,
-}
-NPM_TIMEOUT = 240.0  # seconds for `npm ci`; npm's own network timeouts below fire first
+FLOW = TS_DIR / "flow.mjs"
 LINE_TIMEOUT = 15.0  # seconds for each line the client prints
 CLIENT_TIMEOUT_MS = 30_000  # the script's own deadline for reaching a terminal state
-
-# npm's error codes for a registry it cannot reach (DNS, TCP, TLS handshake, proxy, 5xx).
-REGISTRY_ERRORS = re.compile(
-    r"\b(ENOTFOUND|EAI_AGAIN|ECONNREFUSED|ECONNRESET|ETIMEDOUT|ESOCKETTIMEDOUT|ENETUNREACH|"
-    r"EHOSTUNREACH|ENETDOWN|EPROXY|ERR_SOCKET_TIMEOUT|E500|E502|E503|E504)\b"
-    r"|npm (?:error|ERR!) network"
-)
 
 ELICIT = {
     "confirm": {
@@ -61,58 +51,10 @@ ELICIT = {
 }
 
 
-def _skip(reason: str) -> None:
-    if os.environ.get("TASKHUB_REQUIRE_TS_CLIENT") == "1":
-        pytest.fail(f"{reason} (TASKHUB_REQUIRE_TS_CLIENT=1 forbids skipping)")
-    pytest.skip(reason)
-
-
-def _installed_versions() -> dict[str, str | None]:
-    versions: dict[str, str | None] = {}
-    for name in PINNED:
-        manifest = TS_DIR / "node_modules" / name / "package.json"
-        try:
-            versions[name] = json.loads(manifest.read_text())["version"]
-        except (OSError, ValueError, KeyError):
-            versions[name] = None
-    return versions
-
-
 @pytest.fixture(scope="session")
 def node() -> str:
-    """The `node` binary, with `@modelcontextprotocol/client` 2.4.0 installed in tests/e2e/ts."""
-    node, npm = shutil.which("node"), shutil.which("npm")
-    if node is None or npm is None:
-        _skip("the TypeScript client test needs `node` and `npm` on PATH")
-    assert node is not None and npm is not None
-    if _installed_versions() == PINNED:
-        return node
-    lockfile = (TS_DIR / "package-lock.json").exists()
-    command = [npm, "ci" if lockfile else "install", "--no-audit", "--no-fund"]
-    command += ["--fetch-retries=2", "--fetch-timeout=30000", "--fetch-retry-maxtimeout=10000"]
-    env = {**os.environ, "npm_config_update_notifier": "false", "npm_config_loglevel": "warn"}
-    started = time.monotonic()
-    try:
-        done = subprocess.run(
-            command,
-            cwd=TS_DIR,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=NPM_TIMEOUT,
-            check=False,
-        )
-    except subprocess.TimeoutExpired as exc:
-        pytest.fail(f"`npm {command[1]}` did not finish in {NPM_TIMEOUT}s: {exc.stderr!r}")
-    output = f"{done.stdout}\n{done.stderr}".strip()
-    if done.returncode != 0:
-        if REGISTRY_ERRORS.search(output):
-            _skip(f"npm registry unreachable, `npm {command[1]}` failed: {output[-1500:]}")
-        pytest.fail(f"`npm {command[1]}` failed (exit {done.returncode}):\n{output}")
-    installed = _installed_versions()
-    assert installed == PINNED, f"npm installed {installed}, expected {PINNED}"
-    print(f"npm {command[1]} took {time.monotonic() - started:.1f}s")
-    return node
+    """Node 22, with `@modelcontextprotocol/client` 2.4.0 installed in tests/e2e/ts."""
+    return npm.node()
 
 
 @pytest.fixture
@@ -161,6 +103,19 @@ class NodeClient:
         assert message.get("kind") == kind, f"expected {kind!r}, got {message}"
         return dict(message)
 
+    async def next(self) -> dict[str, Any]:
+        """The next stdout line, of any kind."""
+        assert self.proc.stdout is not None
+        try:
+            async with asyncio.timeout(LINE_TIMEOUT):
+                raw = await self.proc.stdout.readline()
+        except TimeoutError:
+            raise AssertionError(f"no line in {LINE_TIMEOUT}s\n{self.diagnostics()}") from None
+        if not raw:
+            await self.wait()
+            raise AssertionError(f"client exited early\n{self.diagnostics()}")
+        return dict(json.loads(raw))
+
     async def notification(self, subscription_id: object) -> dict[str, Any]:
         """The next `notifications/tasks` params, with the subscription `_meta` checked."""
         message = await self.line("notification")
@@ -183,12 +138,11 @@ class NodeClient:
 
 
 @contextlib.asynccontextmanager
-async def run_client(node: str, url: str, task_id: str) -> AsyncIterator[NodeClient]:
+async def run_script(node: str, script: str, *args: str) -> AsyncIterator[NodeClient]:
     proc = await asyncio.create_subprocess_exec(
         node,
-        str(SCRIPT),
-        url,
-        task_id,
+        script,
+        *args,
         "--timeout-ms",
         str(CLIENT_TIMEOUT_MS),
         "--trace",
@@ -202,6 +156,12 @@ async def run_client(node: str, url: str, task_id: str) -> AsyncIterator[NodeCli
         yield client
     finally:
         await client.kill()
+
+
+def run_client(
+    node: str, url: str, task_id: str
+) -> contextlib.AbstractAsyncContextManager[NodeClient]:
+    return run_script(node, str(SCRIPT), url, task_id)
 
 
 async def test_ts_client_gets_and_listens_through_terminal_state(
@@ -267,3 +227,64 @@ async def test_ts_client_gets_and_listens_through_terminal_state(
 
     # The client closed its listen stream; the hub released the subscription.
     await eventually(lambda: len(hub.hub.fanout) == 0)
+
+
+async def test_ts_client_flow_calls_a_task_tool_and_follows_it_to_the_result(
+    client_url: Target, node: str, nc: Any, bucket: str
+) -> None:
+    arguments = {"topic": "q3", "steps": 3, "step_seconds": 0.1}
+    args = (client_url.url, "slow_report", "--args", json.dumps(arguments))
+    async with asyncio.timeout(60), run_script(node, str(FLOW), *args) as client:
+        # Discover: the 2026-07-28 era, with the tasks extension in the capabilities.
+        connected = await client.line("connected")
+        assert connected["protocolVersion"] == PROTOCOL and connected["era"] == "modern"
+        assert TASKS_EXT in connected["serverCapabilities"]["extensions"]
+        discovered = (await client.line("discover"))["result"]
+        assert discovered["supportedVersions"] == [PROTOCOL]
+        assert TASKS_EXT in discovered["capabilities"]["extensions"]
+        assert "tools" in discovered["capabilities"]
+
+        tools = {tool["name"] for tool in (await client.line("tools"))["tools"]}
+        assert {"slow_report", "deploy"} <= tools
+
+        # tools/call answered with a flat CreateTaskResult (read off the client's transport:
+        # 2.4.0's callTool cannot decode `resultType: "task"` and rejects it, keeping nothing).
+        created = await client.line("created")
+        wire = created["wire"]
+        assert wire["resultType"] == "task" and wire["status"] == "working", wire
+        task_id = wire["taskId"]
+        assert isinstance(task_id, str) and task_id
+        error = created["clientError"]
+        assert error is None or error["data"]["resultType"] == "task", error
+
+        # listen: the hub grants the task; a fleet server by itself declines it (no taskIds).
+        ack = await client.line("ack")
+        assert ack["granted"] is client_url.listen_grants_tasks, ack
+        follow = "notification" if client_url.listen_grants_tasks else "poll"
+        updates = []
+        while (line := await client.next())["kind"] != "final":
+            assert line["kind"] == follow, line
+            update = line["params" if follow == "notification" else "result"]
+            assert update["taskId"] == task_id
+            updates.append(update)
+        final = line["task"]
+
+        # Every state on the way was a step of this run; the last one is the result.
+        assert updates and updates[-1] == final
+        for update in updates[:-1]:
+            assert update["status"] == "working", update
+            assert update.get("statusMessage") in (None, *(f"step {i} of 3: q3" for i in (1, 2, 3)))
+        assert final["status"] == "completed", final
+        text = "Report on q3: 3 sections compiled"
+        assert final["result"]["content"] == [{"type": "text", "text": text}]
+        assert final["result"]["structuredContent"] == {"result": text}
+        assert final["result"]["isError"] is False
+
+        code = await client.wait()
+        assert code == 0, client.diagnostics()
+
+    # What the client ended with is the state the server stored.
+    async with await TaskBridge.attach(nc, "ts-flow-reader", bucket=bucket) as reader:
+        record = await reader.get(task_id)
+    assert record is not None
+    assert {key: value for key, value in final.items() if key != "_meta"} == written(record)

@@ -18,10 +18,15 @@
 
 import { Client, StreamableHTTPClientTransport } from '@modelcontextprotocol/client';
 
-const PROTOCOL = '2026-07-28';
-const TASKS_EXT = 'io.modelcontextprotocol/tasks';
-const STATUSES = new Set(['working', 'input_required', 'completed', 'failed', 'cancelled']);
-const TERMINAL = new Set(['completed', 'failed', 'cancelled']);
+import {
+  DetailedTaskResult,
+  PROTOCOL,
+  TASKS_EXT,
+  TaskNotificationParams,
+  TERMINAL,
+  emit,
+  tracingFetch,
+} from './common.mjs';
 
 function usage(message) {
   process.stderr.write(`${message}\nusage: node listen.mjs <mcp-url> <task-id> [--timeout-ms N] [--trace]\n`);
@@ -40,63 +45,6 @@ function parseArgs(argv) {
   if (positional.length !== 2) usage('expected <mcp-url> and <task-id>');
   if (!Number.isFinite(timeoutMs) || timeoutMs <= 0) usage('bad --timeout-ms');
   return { url: new URL(positional[0]), taskId: positional[1], timeoutMs, trace };
-}
-
-/** A minimal Standard Schema (v1) that accepts a JSON object and keeps every key verbatim. */
-function objectSchema(name, check = () => undefined) {
-  return {
-    '~standard': {
-      version: 1,
-      vendor: 'taskhub-e2e',
-      validate(value) {
-        if (value === null || typeof value !== 'object' || Array.isArray(value)) {
-          return { issues: [{ message: `${name}: expected a JSON object` }] };
-        }
-        const problem = check(value);
-        return problem ? { issues: [{ message: `${name}: ${problem}` }] } : { value };
-      },
-    },
-  };
-}
-
-const checkTask = (v) =>
-  typeof v.taskId !== 'string' ? 'taskId is not a string' : STATUSES.has(v.status) ? undefined : `bad status ${JSON.stringify(v.status)}`;
-
-// tasks/get result (after the client consumed `resultType`) and notifications/tasks params.
-const DetailedTaskResult = objectSchema('tasks/get result', checkTask);
-const TaskNotificationParams = objectSchema('notifications/tasks params', checkTask);
-
-const emit = (line) => process.stdout.write(`${JSON.stringify(line)}\n`);
-
-/** fetch that copies each request and each response message to stderr (only with --trace). */
-function tracingFetch(enabled) {
-  if (!enabled) return undefined;
-  const log = (line) => process.stderr.write(`[wire] ${JSON.stringify(line)}\n`);
-  return async (input, init) => {
-    const headers = Object.fromEntries(new Headers(init?.headers).entries());
-    log({ dir: 'request', method: init?.method ?? 'GET', url: String(input), headers, body: init?.body ?? null });
-    const response = await fetch(input, init);
-    const contentType = response.headers.get('content-type') ?? '';
-    log({ dir: 'response', status: response.status, contentType });
-    if (response.body) {
-      const copy = response.clone();
-      (async () => {
-        const text = copy.body.pipeThrough(new TextDecoderStream());
-        let buffered = '';
-        for await (const chunk of text) {
-          buffered += chunk;
-          let nl;
-          while ((nl = buffered.indexOf('\n')) >= 0) {
-            const line = buffered.slice(0, nl).replace(/\r$/, '');
-            buffered = buffered.slice(nl + 1);
-            if (line.startsWith('data:')) log({ dir: 'sse', data: line.slice(5).trim() });
-          }
-        }
-        if (buffered.trim() && !contentType.includes('event-stream')) log({ dir: 'body', data: buffered });
-      })().catch(() => {});
-    }
-    return response;
-  };
 }
 
 async function main() {
