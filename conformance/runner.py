@@ -232,18 +232,6 @@ def stop(process: subprocess.Popen[bytes]) -> None:
             process.wait(timeout=10)
 
 
-def hub_has_upstream() -> bool:
-    """Whether this checkout's `taskhub serve` can front an upstream (issue 11 item 1)."""
-    result = subprocess.run(
-        [sys.executable, "-m", "hub.cli", "serve", "--help"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    return "--upstream" in result.stdout
-
-
 # -- the suite ------------------------------------------------------------------------------
 
 
@@ -439,9 +427,9 @@ def terminated_cleanly() -> Iterator[None]:
 
 def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="conformance/run", description=__doc__.split("\n")[0])
-    mode = parser.add_mutually_exclusive_group()
-    mode.add_argument("--direct", action="store_true", help="point the suite at the fixture alone")
-    mode.add_argument("--hub", action="store_true", help="the hub in front (default when able)")
+    parser.add_argument(
+        "--direct", action="store_true", help="the fixture alone (default: the hub in front)"
+    )
     parser.add_argument("--skip-install", action="store_true", help="use node_modules as it is")
     parser.add_argument("--reinstall", action="store_true", help="npm ci even if up to date")
     parser.add_argument(
@@ -473,11 +461,6 @@ def execute(args: argparse.Namespace, expected: Sequence[Expected], out: Path) -
             if not args.skip_install:
                 install(force=args.reinstall)
             mode = "direct" if args.direct else "hub"
-            if mode == "hub" and not hub_has_upstream():
-                if args.hub:
-                    raise RunBroken("this taskhub has no `serve --upstream`; run with --direct")
-                print("== taskhub serve has no --upstream yet: running --direct", flush=True)
-                mode = "direct"
             with Servers(out) as servers:
                 nats_url = servers.start_nats()
                 target = fixture = servers.start_fixture(nats_url)
