@@ -4,8 +4,9 @@ Everything lives under one temporary directory (NATS store, hub data dirs, one l
 per child) that is removed at the end; every child is stopped by its own PID, servers
 and workers alike, even when a scenario fails. Servers are real processes on loopback
 ports: `taskhub serve` (as `python -m hub.cli serve`, which is what the console script
-runs), the raw ceiling and the origin baseline; load generators and writers are
-separate processes again, so no two parts of a measurement share a core by design.
+runs), the raw ceiling, the origin baseline and the front door's upstream; load
+generators and writers are separate processes again, so no two parts of a measurement
+share a core by design.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import socket
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -134,7 +135,16 @@ class Harness:
 
     # -- servers under test -------------------------------------------------------------
 
-    async def start_hub(self, bucket: str, *, max_streams: int, wait: bool = True) -> Server:
+    async def start_hub(
+        self,
+        bucket: str,
+        *,
+        max_streams: int,
+        wait: bool = True,
+        upstreams: Sequence[str] = (),
+    ) -> Server:
+        """`taskhub serve`; each of `upstreams` (`[NAME=]URL`) becomes an `--upstream`."""
+
         def args(port: int) -> list[str]:
             return [
                 "-m", "hub.cli", "serve",
@@ -145,6 +155,7 @@ class Harness:
                 "--max-streams", str(max_streams),
                 "--poll-burst", "0",  # poll pacing off: the bench polls one task many times
                 "--log-level", "warning",
+                *(arg for upstream in upstreams for arg in ("--upstream", upstream)),
             ]  # fmt: skip
 
         return await self._start_server("hub", args, wait)
@@ -163,6 +174,21 @@ class Harness:
             return ["-m", "bench.origin", *self._watch_args(bucket), "--port", str(port)]
 
         return await self._start_server("origin", args, True)
+
+    async def start_upstream(self, *, json_response: bool = False) -> Server:
+        """The front door's upstream (bench/upstream.py): an SDK server with an `echo` tool."""
+        if importlib.util.find_spec("mcp") is None:
+            raise HarnessError(
+                "the front door's upstream needs the mcp SDK: pip install -e '.[dev]'"
+            )
+        mode = ["--json-response"] if json_response else []
+
+        def args(port: int) -> list[str]:
+            return ["-m", "bench.upstream", "--port", str(port), *mode]
+
+        return await self._start_server(
+            "upstream-json" if json_response else "upstream", args, True
+        )
 
     def _watch_args(self, bucket: str) -> list[str]:
         return ["--nats-url", self.nats_url, "--bucket", bucket]

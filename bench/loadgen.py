@@ -10,7 +10,8 @@ Commands:
 - `listen_open`: open N listen streams (at most `window` still opening at once) and
   wait for every ack and initial snapshot; `listen_measure`: count frames, bytes and
   publish→client latency for a while; `listen_close`: reset every stream.
-- `poll`: closed-loop `tasks/get` on C keep-alive connections (warm-up, then measure).
+- `poll`: closed-loop `tasks/get` on C keep-alive connections (warm-up, then measure);
+  `tools_call`: the same loop of `tools/call` (the front door's load).
 - `follow_poll`: each client polls its task every `interval_ms` and notes when it first
   sees each new state (staleness).
 
@@ -204,6 +205,9 @@ class PollRun:
         self.requests = 0
         self.all_requests = 0  # warm-up included
         self.errors = 0
+        self.all_errors = 0  # warm-up included
+        self.first_error = b""  # the first failed answer's status and body, for the report
+        self.sse_answers = 0  # answers in the window whose body is an event stream
         self.bytes = 0
         self.latencies: list[int] = []
         self.idle = 0
@@ -211,10 +215,17 @@ class PollRun:
 
 
 class PollConnection(asyncio.Protocol):
-    """Sends the next `tasks/get` as soon as the previous answer is complete."""
+    """Sends the next request as soon as the previous answer is complete.
 
-    def __init__(self, requests: list[bytes], run: PollRun, connections: int) -> None:
+    An answer counts as an error unless it is HTTP 200 without `"error"`, and (if
+    `expect` is set) containing `expect`.
+    """
+
+    def __init__(
+        self, requests: list[bytes], run: PollRun, connections: int, expect: bytes = b""
+    ) -> None:
         self.requests = requests
+        self.expect = expect
         self.next = random.randrange(len(requests))
         self.run = run
         self.connections = connections
@@ -243,13 +254,18 @@ class PollConnection(asyncio.Protocol):
             return
         now = time.perf_counter()
         run.all_requests += 1
+        status, body = answers[0]
+        failed = status != 200 or b'"error"' in body or self.expect not in body
+        if failed:
+            run.all_errors += 1
+            run.first_error = run.first_error or b"%d %b" % (status, body[:300])
         if run.measure_from <= now < run.measure_until:
             run.requests += 1
             run.bytes += self.wire_bytes
             run.latencies.append(time.perf_counter_ns() - self.sent_at)
-            status, body = answers[0]
-            if status != 200 or b'"error"' in body:
-                run.errors += 1
+            run.errors += failed
+            if body.startswith((b"event:", b"data:")):
+                run.sse_answers += 1
         if now >= run.measure_until:
             self._idle()
             return
@@ -268,15 +284,44 @@ class PollConnection(asyncio.Protocol):
 
 
 async def poll(p: Params) -> Params:
-    """Closed loop: `connections` clients, each sending its next request on each answer."""
+    """Closed-loop `tasks/get` of the given tasks."""
+    requests = [protocol.tasks_get(p["port"], task_id) for task_id in p["task_ids"]]
+    return await closed_loop(p, requests)
+
+
+# Distinct ids and arguments per request, as real callers send; the tool answer echoes them.
+_CALL_VARIANTS = 16
+
+
+async def tools_call(p: Params) -> Params:
+    """Closed-loop `tools/call` of `tool` at `path` (`progress`: ask for progress, so an
+    SDK server answers with an event stream)."""
+    requests = [
+        protocol.tools_call(
+            p["port"],
+            p["tool"],
+            {"text": f"bench-{i}"},
+            i + 1,
+            progress=p.get("progress", False),
+            path=p.get("path", "/mcp"),
+        )
+        for i in range(_CALL_VARIANTS)
+    ]
+    return await closed_loop(p, requests, expect=b'"result"')
+
+
+async def closed_loop(p: Params, requests: list[bytes], expect: bytes = b"") -> Params:
+    """`connections` clients, each sending its next request on each answer: a warm-up,
+    then `seconds` measured."""
     port: int = p["port"]
     connections: int = p["connections"]
-    requests = [protocol.tasks_get(port, task_id) for task_id in p["task_ids"]]
     start = time.perf_counter()
     run = PollRun(start + p["warmup"], start + p["warmup"] + p["seconds"])
     transports: list[asyncio.Transport] = []
     for _ in range(connections):
-        transport, _ = await _connect(port, lambda: PollConnection(requests, run, connections))
+        transport, _ = await _connect(
+            port, lambda: PollConnection(requests, run, connections, expect)
+        )
         transports.append(transport)
     cpu = self_cpu_seconds()
     try:
@@ -291,6 +336,9 @@ async def poll(p: Params) -> Params:
         "all_requests": run.all_requests,
         "rps": run.requests / seconds,
         "errors": run.errors,
+        "all_errors": run.all_errors,
+        "first_error": run.first_error.decode(errors="replace"),
+        "sse_answers": run.sse_answers,
         "bytes": run.bytes,
         "client_cpu_s": self_cpu_seconds() - cpu,
         **latency_summary(run.latencies),
@@ -385,6 +433,7 @@ async def main() -> None:
             "listen_measure": listen.measure,
             "listen_close": listen.close,
             "poll": poll,
+            "tools_call": tools_call,
             "follow_poll": follow_poll,
         }
     )

@@ -56,10 +56,10 @@ def rpc_body(method: str, params: dict[str, Any], request_id: int | str = 1) -> 
     return msgspec.json.encode(body)
 
 
-def post(port: int, method: str, body: bytes, name: str | None = None) -> bytes:
-    """A complete `POST /mcp` with the routing headers a conforming client sends."""
+def post(port: int, method: str, body: bytes, name: str | None = None, path: str = "/mcp") -> bytes:
+    """A complete `POST <path>` with the routing headers a conforming client sends."""
     head = (
-        f"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+        f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
         "Content-Type: application/json\r\nAccept: application/json, text/event-stream\r\n"
         f"MCP-Protocol-Version: {PROTOCOL}\r\nMcp-Method: {method}\r\n"
         + (f"Mcp-Name: {name}\r\n" if name is not None else "")
@@ -70,6 +70,22 @@ def post(port: int, method: str, body: bytes, name: str | None = None) -> bytes:
 
 def tasks_get(port: int, task_id: str, request_id: int = 1) -> bytes:
     return post(port, "tasks/get", rpc_body("tasks/get", {"taskId": task_id}, request_id), task_id)
+
+
+def tools_call(
+    port: int,
+    tool: str,
+    arguments: dict[str, Any],
+    request_id: int = 1,
+    *,
+    progress: bool = False,
+    path: str = "/mcp",
+) -> bytes:
+    """A `tools/call` (Mcp-Name: the tool); with `progress`, a progressToken in `_meta`."""
+    meta = {**_META, "progressToken": f"p{request_id}"} if progress else _META
+    params = {"name": tool, "arguments": arguments, "_meta": meta}
+    body = {"jsonrpc": "2.0", "id": request_id, "method": "tools/call", "params": params}
+    return post(port, "tools/call", msgspec.json.encode(body), tool, path)
 
 
 def listen(port: int, task_ids: list[str], request_id: int | str) -> bytes:

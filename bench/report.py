@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from bench.scenarios import FRONT_DOOR_CALLS
+
 Results = dict[str, dict[str, float]]
 Row = tuple[str, str, str, str, str]
 
@@ -171,6 +173,36 @@ def _writes(r: dict[str, float]) -> list[Row]:
     ]
 
 
+def _front_door(r: dict[str, float]) -> list[Row]:
+    rows: list[Row] = []
+    for call in FRONT_DOOR_CALLS:
+        k = call.key
+        if f"{k}_hub_rps" not in r:
+            continue
+        label = f"front door ({r['connections']:.0f} connections, tools/call)" if not rows else ""
+        rows += [
+            (
+                label,
+                f"{call.label}: tools/call req/s; p50 / p99",
+                f"**{_n(r[f'{k}_hub_rps'])}**; {_ms(r[f'{k}_hub_p50_ms'])} / "
+                f"{_ms(r[f'{k}_hub_p99_ms'])} ms",
+                f"upstream direct {_n(r[f'{k}_direct_rps'])}; {_ms(r[f'{k}_direct_p50_ms'])} / "
+                f"{_ms(r[f'{k}_direct_p99_ms'])} ms → **{r[f'{k}_ratio']:.2f}×**",
+                "",
+            ),
+            (
+                "",
+                "CPU per tools/call: hub (upstream behind it); new upstream connections",
+                f"{r[f'{k}_hub_us_per_request']:,.0f} µs "
+                f"({r[f'{k}_upstream_us_per_request']:,.0f} µs); "
+                f"{_n(r[f'{k}_hub_new_upstream_connections'])}",
+                f"upstream direct {r[f'{k}_direct_us_per_request']:,.0f} µs",
+                "",
+            ),
+        ]
+    return rows
+
+
 _ROWS: dict[str, Callable[[dict[str, float]], list[Row]]] = {
     "fanout": _fanout,
     "storm": _storm,
@@ -178,6 +210,7 @@ _ROWS: dict[str, Callable[[dict[str, float]], list[Row]]] = {
     "push_vs_poll": _push_vs_poll,
     "cold_start": _cold_start,
     "writes": _writes,
+    "front_door": _front_door,
 }
 
 

@@ -42,6 +42,9 @@ class Sizes:
     # (f) writes
     writes_concurrency: int
     writes_seconds: float
+    # (g) front door: closed-loop tools/call, upstream directly and through the hub
+    front_door_connections: int
+    front_door_seconds: float
     warmup_seconds: float = 0.5
 
 
@@ -66,6 +69,8 @@ FULL = Sizes(
     cold_tasks=100_000,
     writes_concurrency=64,
     writes_seconds=4.0,
+    front_door_connections=64,
+    front_door_seconds=4.0,
 )
 
 QUICK = Sizes(
@@ -89,6 +94,8 @@ QUICK = Sizes(
     cold_tasks=10_000,
     writes_concurrency=64,
     writes_seconds=1.0,
+    front_door_connections=64,
+    front_door_seconds=1.0,
     warmup_seconds=0.3,
 )
 
@@ -113,6 +120,8 @@ SMOKE = Sizes(
     cold_tasks=200,
     writes_concurrency=4,
     writes_seconds=0.3,
+    front_door_connections=4,
+    front_door_seconds=0.3,
     warmup_seconds=0.1,
 )
 

@@ -120,8 +120,8 @@ def configure_logging(config: Config) -> None:
         level=config.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    # httpx logs every forwarded request at INFO; the hub's metrics count them instead.
-    logging.getLogger("httpx").setLevel(max(logging.WARNING, logging.getLogger().level))
+    # httpx2 logs every forwarded request at INFO; the hub's metrics count them instead.
+    logging.getLogger("httpx2").setLevel(max(logging.WARNING, logging.getLogger().level))
 
 
 def serve(config: Config) -> int:

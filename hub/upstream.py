@@ -1,7 +1,7 @@
 """The hub as front door: every request it does not answer itself goes to an upstream MCP server.
 
 An `Upstream` is one MCP endpoint (one server, or a load balancer over identical replicas)
-reached through a pooled HTTP client (httpx). `forward` sends the client's body and
+reached through a pooled HTTP client (httpx2). `forward` sends the client's body and
 end-to-end headers unchanged and streams the reply back as it arrives: an SSE reply frame by
 frame (a tool call's progress and `input_required` requests reach the client as they are
 sent), a JSON reply whole once it has been read and checked. A client that disconnects
@@ -22,7 +22,9 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-import httpx
+# httpx2 (pydantic's fork, also what the mcp SDK uses): its pool's cost per request stays
+# flat with concurrency, where httpcore 1.0.9's grows with every queued request.
+import httpx2 as httpx
 import msgspec
 from starlette.types import Receive, Scope, Send
 
@@ -36,6 +38,10 @@ RawHeaders = list[tuple[bytes, bytes]]
 MAX_JSON_REPLY = 64 << 20  # bytes; a JSON answer larger than this is refused, not buffered
 POOL_CONNECTIONS = 1024  # per hub process, over all upstreams; an SSE reply holds one
 POOL_KEEPALIVE = 64  # idle connections kept for reuse
+# An idle connection is dropped before an upstream would close it (uvicorn and Node close
+# after 5 s, gunicorn after 2 s; httpx's default is also 5 s). Reusing one that the upstream
+# is closing at that moment fails the request with a reset (a 502 to the client).
+POOL_KEEPALIVE_EXPIRY = 1.0  # seconds
 # RFC 9110 §7.6.1 hop-by-hop headers, plus what the HTTP client sets itself.
 _NOT_FORWARDED = frozenset(
     {
@@ -99,7 +105,9 @@ class Pool:
             # by `Upstream`, since an SSE reply may rightly stay quiet for minutes.
             timeout=httpx.Timeout(None, connect=timeout, pool=timeout),
             limits=httpx.Limits(
-                max_connections=POOL_CONNECTIONS, max_keepalive_connections=POOL_KEEPALIVE
+                max_connections=POOL_CONNECTIONS,
+                max_keepalive_connections=POOL_KEEPALIVE,
+                keepalive_expiry=POOL_KEEPALIVE_EXPIRY,
             ),
             follow_redirects=False,
             trust_env=False,  # no proxy from the environment between hub and upstream
@@ -241,7 +249,7 @@ class Upstream:
 
     async def _relay(self, response: httpx.Response, send: Send) -> UpstreamError | None:
         try:
-            async for chunk in response.aiter_raw():
+            async for chunk in response.aiter_bytes():  # decoded: content-encoding is dropped
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
         except httpx.TransportError as exc:
             return self._failed(502, "reset", f"stream cut off ({_reason(exc)})")

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from bench import protocol
+from bench import protocol, report
+from bench.scenarios import FRONT_DOOR_CALLS
 from bench.stats import latency_summary, percentile
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -31,6 +32,22 @@ REQUIRED = {
     ),
     "cold_start": ("tasks", "seconds"),
     "writes": ("updates_per_s",),
+    "front_door": tuple(
+        f"{call.key}_{key}"
+        for call in FRONT_DOOR_CALLS
+        for key in (
+            "hub_rps",
+            "direct_rps",
+            "ratio",
+            "hub_p50_ms",
+            "hub_p99_ms",
+            "direct_p50_ms",
+            "direct_p99_ms",
+            "hub_us_per_request",
+            "upstream_us_per_request",
+            "direct_us_per_request",
+        )
+    ),
 }
 
 
@@ -52,6 +69,14 @@ def test_smoke_run_prints_one_json_object_with_every_key() -> None:
     assert result["fanout"]["hub_rate"] > 0 and result["poll"]["hub_rps"] > 0
     assert result["push_vs_poll"]["fleet_requests_push"] == 0  # the hub spares the fleet
     assert result["push_vs_poll"]["fleet_requests_poll"] > 0
+    front = result["front_door"]
+    assert front["default_hub_rps"] > 0 and front["default_direct_rps"] > 0
+    # The answer forms the scenario claims: SSE only where the tool reports progress, and
+    # the same form through the hub as direct.
+    for leg in ("direct", "hub"):
+        assert front[f"default_{leg}_sse_fraction"] == 0
+        assert front[f"json_{leg}_sse_fraction"] == 0
+        assert front[f"sse_{leg}_sse_fraction"] == 1
     assert result["machine"]["cores"] >= 1
     assert result["machine"]["versions"]["mcp"] == "2.3.0"
     assert "| scenario |" in done.stderr  # the table goes to stderr under --json
@@ -87,6 +112,56 @@ def test_sse_scanner_yields_whole_events_and_their_stamps() -> None:
     assert protocol.ACK_MARK in events
     assert events.count(protocol.STAMP_MARK) == 1
     assert protocol.frame_stamps(events) == [stamp.removeprefix("t=").encode()]
+
+
+@pytest.mark.parametrize("progress", [False, True])
+def test_tools_call_request_carries_the_routing_headers_and_meta(progress: bool) -> None:
+    request = protocol.tools_call(8101, "echo", {"text": "hi"}, 7, progress=progress)
+    head, body = request.split(b"\r\n\r\n", 1)
+    lines = head.decode().split("\r\n")
+    assert lines[0] == "POST /mcp HTTP/1.1"
+    headers = dict(line.split(": ", 1) for line in lines[1:])
+    assert headers["MCP-Protocol-Version"] == protocol.PROTOCOL
+    assert headers["Mcp-Method"] == "tools/call" and headers["Mcp-Name"] == "echo"
+    assert int(headers["Content-Length"]) == len(body)
+    message = json.loads(body)
+    assert message["id"] == 7 and message["method"] == "tools/call"
+    params = message["params"]
+    assert params["name"] == "echo" and params["arguments"] == {"text": "hi"}
+    meta = params["_meta"]
+    assert meta["io.modelcontextprotocol/protocolVersion"] == protocol.PROTOCOL
+    assert "io.modelcontextprotocol/clientCapabilities" in meta
+    assert ("progressToken" in meta) is progress
+    routed = protocol.tools_call(8101, "echo", {}, path="/servers/json/mcp")
+    assert routed.startswith(b"POST /servers/json/mcp HTTP/1.1\r\n")
+
+
+def test_front_door_rows_show_each_answer_form_beside_the_direct_call() -> None:
+    figures = dict.fromkeys(REQUIRED["front_door"], 1.0)
+    figures["connections"] = 64.0
+    for call in FRONT_DOOR_CALLS:
+        figures[f"{call.key}_hub_new_upstream_connections"] = 0.0
+        figures[f"{call.key}_hub_rps"] = 500.0
+        figures[f"{call.key}_direct_rps"] = 1000.0
+        figures[f"{call.key}_ratio"] = 0.5
+    versions = dict.fromkeys(
+        ("taskhub", "uvicorn", "uvloop", "httptools", "starlette", "msgspec", "nats-py"), "0"
+    )
+    machine = {"cores": 2, "cpu": "x", "memory_gb": 1, "os": "x", "python": "x"}
+    run = {"command": "python -m bench", "sizes": "full", "repeat": 3, "seconds": 1.0}
+    table = report.markdown(
+        {"front_door": figures},
+        {**machine, "versions": {**versions, "mcp": "2.3.0", "nats-server": "0"}},
+        {**run, "load_before": 0.0, "load_after": 0.0},
+    )
+    rows = [line.split(" | ") for line in table.splitlines() if line.startswith("| ")][1:]
+    assert len(rows) == 2 * len(FRONT_DOOR_CALLS)
+    assert all(len(row) == 5 for row in rows)  # scenario | measure | hub | reference | target
+    assert rows[0][0] == "| front door (64 connections, tools/call)"
+    assert all(row[0] == "| " for row in rows[1:])
+    rate_rows = rows[::2]
+    assert [row[1].split(":")[0] for row in rate_rows] == [c.label for c in FRONT_DOOR_CALLS]
+    assert all("**500**" in row[2] and "→ **0.50×**" in row[3] for row in rate_rows)
 
 
 def test_percentiles_are_nearest_rank() -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gzip
 import json
 import signal
 import time
@@ -536,3 +537,23 @@ async def test_sigterm_stops_the_hub_while_a_client_holds_a_forwarded_stream(
             if proc.returncode is None:
                 proc.kill()
                 await proc.wait()
+
+
+async def test_a_compressed_answer_reaches_the_client_decoded(
+    nats_url: str, bucket: str, tmp_path: Path
+) -> None:
+    result = {"jsonrpc": "2.0", "id": 7, "result": {"content": [{"type": "text", "text": "z"}]}}
+    packed = gzip.compress(sse_event(result))
+
+    async def handler(_: Arrived, __: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = sse_head().replace(b"\r\n\r\n", b"\r\ncontent-encoding: gzip\r\n\r\n")
+        writer.write(head + chunk(packed) + chunk(b""))
+        await writer.drain()
+
+    async with (
+        raw_upstream(handler) as upstream,
+        hub_in_front(nats_url, bucket, tmp_path, UpstreamSpec(None, upstream.url)) as front,
+    ):
+        response = await post(front.url + "/mcp", tool_call(), **{"Accept-Encoding": "identity"})
+    assert "content-encoding" not in response.headers  # the hub decoded it: none applies now
+    assert response.content == sse_event(result)
