@@ -1,6 +1,13 @@
 """The library an MCP server uses to write its tasks where the taskhub reads them."""
 
-from bridge.bridge import TaskBridge, TaskExpired, TaskNotFound, TaskRecord, WriteConflict
+from bridge.bridge import (
+    CreateOutcomeUnknown,
+    TaskBridge,
+    TaskExpired,
+    TaskNotFound,
+    TaskRecord,
+    WriteConflict,
+)
 from bridge.control import CancelHandler, ControlOptions, ControlStats, InputHandler
 from bridge.events import FleetEvents
 from bridge.states import (
@@ -17,6 +24,7 @@ __all__ = [
     "CancelHandler",
     "ControlOptions",
     "ControlStats",
+    "CreateOutcomeUnknown",
     "DetailedTask",
     "FleetEvents",
     "IllegalTransition",

@@ -8,6 +8,8 @@ but never overwrite a terminal state. The rules themselves live in `bridge.state
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import dataclasses
 import math
 import uuid
@@ -21,9 +23,21 @@ from typing import Any, Self
 import msgspec
 import nats
 from nats.aio.client import Client
+from nats.errors import (
+    ConnectionReconnectingError,
+    NoRespondersError,
+    OutboundBufferLimitError,
+    StaleConnectionError,
+)
 from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js import api
-from nats.js.errors import APIError, NotFoundError
+from nats.js.errors import (
+    APIError,
+    NoStreamResponseError,
+    NotFoundError,
+    ServerError,
+    ServiceUnavailableError,
+)
 
 from bridge import states
 from bridge.control import (
@@ -66,6 +80,22 @@ PUBLISH_TIMEOUT_S = 5.0
 MAX_MESSAGE_TTL_S = 100 * 365 * 24 * 3600
 # Losing the CAS this many times in a row means the key is hot; give up loudly.
 MAX_ATTEMPTS = 8
+# create(): how long it keeps trying to learn whether its write landed (a lost ack, a
+# leader election, a reconnect) before it raises CreateOutcomeUnknown; and its back-off.
+CREATE_DEADLINE_S = 15.0
+_RETRY_FIRST_S, _RETRY_MAX_S = 0.05, 1.0
+# Failures after which a write's outcome is unknown or the cluster may yet answer: a lost
+# ack, no JetStream responder (an election), a connection being re-made, a 503.
+_TRANSIENT: tuple[type[Exception], ...] = (
+    NatsTimeoutError,
+    NoRespondersError,
+    StaleConnectionError,
+    ConnectionReconnectingError,
+    OutboundBufferLimitError,
+    NoStreamResponseError,
+    ServiceUnavailableError,
+    ServerError,
+)
 _CACHE_SIZE = 4096
 
 Clock = Callable[[], datetime]
@@ -83,6 +113,21 @@ class TaskExpired(LookupError):
 
 class WriteConflict(RuntimeError):
     """Every compare-and-set attempt lost to a concurrent writer."""
+
+
+class CreateOutcomeUnknown(RuntimeError):
+    """`create()` could not learn, within its deadline, whether the task was stored.
+
+    The task may exist: `task_id` names it, so the caller can resolve it (`get` it later,
+    or leave it to its TTL) instead of creating another and orphaning this one.
+    """
+
+    def __init__(self, task_id: str, deadline_s: float, cause: BaseException | None) -> None:
+        super().__init__(
+            f"create of task {task_id}: outcome unknown after {deadline_s:g}s"
+            + (f" ({type(cause).__name__}: {cause})" if cause is not None else "")
+        )
+        self.task_id = task_id
 
 
 @dataclass(frozen=True, slots=True)
@@ -281,8 +326,15 @@ class TaskBridge:
         ttl_ms: int | None = None,
         poll_interval_ms: int | None = None,
         status_message: str | None = None,
+        deadline_s: float = CREATE_DEADLINE_S,
     ) -> TaskRecord:
-        """A new `working` task owned by `owner`, durable once this returns."""
+        """A new `working` task owned by `owner`, durable once this returns.
+
+        A lost ack, a leader election or a reconnect does not orphan a task: the same id is
+        written again (a KV create, so at most once) and read back until the outcome is
+        known. If it cannot be known within `deadline_s`, `CreateOutcomeUnknown` names the
+        id, which may or may not be stored; never retry with a new id without resolving it.
+        """
         if not isinstance(owner, str) or not owner:
             raise ValueError("owner must be a non-empty principal")
         task_id = str(uuid.uuid4())  # 122 random bits (contract 3)
@@ -295,19 +347,64 @@ class TaskBridge:
             status_message=status_message,
         )
         envelope = BridgeEnvelope(owner=owner, server=self.server_id, task=task)
-        try:
-            # Expected last sequence 0 = KV create: the key must not exist.
-            revision = await self._publish(task_id, envelope, 0, message_ttl(task, now))
-        except NatsTimeoutError:
-            # The write may have landed with its ack lost. The id is new and ours alone,
-            # so whatever is stored under it is this create: report it rather than have
-            # the caller retry and leave this task orphaned.
-            entry = await self._read(task_id)
-            if entry is None:
-                raise
-            revision, envelope = entry
+        revision, envelope = await self._create(
+            task_id, envelope, message_ttl(task, now), deadline_s
+        )
         self._remember(task_id, revision, envelope)
         return _record(task_id, revision, envelope)
+
+    async def _create(
+        self, task_id: str, envelope: BridgeEnvelope, ttl_s: int | None, deadline_s: float
+    ) -> tuple[int, BridgeEnvelope]:
+        """Write the new key until its outcome is known; never under another id.
+
+        Expected last sequence 0 makes the write a KV create, so repeating it is safe: the
+        id is new and ours alone, so a "wrong last sequence" answer means an earlier attempt
+        of ours landed, and whatever is stored under the id is this create.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + deadline_s
+        delay = _RETRY_FIRST_S
+        cause: BaseException | None = None
+        while True:
+            try:
+                return await self._publish(task_id, envelope, 0, ttl_s), envelope
+            except APIError as exc:
+                if exc.err_code in _WRONG_LAST_SEQUENCE:
+                    entry = await self._read_settled(task_id, deadline)
+                    if entry is not None:
+                        return entry
+                    raise CreateOutcomeUnknown(task_id, deadline_s, exc) from exc
+                if not isinstance(exc, _TRANSIENT):
+                    raise  # refused outright: nothing was stored
+                cause = exc
+            except _TRANSIENT as exc:
+                cause = exc
+                # The write may have landed with its ack lost: look before writing again.
+                with contextlib.suppress(*_TRANSIENT):
+                    entry = await self._read(task_id)
+                    if entry is not None:
+                        return entry
+            if loop.time() + delay > deadline:
+                raise CreateOutcomeUnknown(task_id, deadline_s, cause) from cause
+            await asyncio.sleep(delay)  # back off while the cluster elects or reconnects
+            delay = min(delay * 2, _RETRY_MAX_S)
+
+    async def _read_settled(
+        self, task_id: str, deadline: float
+    ) -> tuple[int, BridgeEnvelope] | None:
+        """The stored entry of a key known to exist, read until the deadline allows."""
+        loop = asyncio.get_running_loop()
+        delay = _RETRY_FIRST_S
+        while True:
+            with contextlib.suppress(*_TRANSIENT):
+                entry = await self._read(task_id)
+                if entry is not None:
+                    return entry
+            if loop.time() + delay > deadline:
+                return None
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, _RETRY_MAX_S)
 
     async def working(self, task_id: str, *, status_message: str | None = None) -> TaskRecord:
         return await self._change(

@@ -14,6 +14,7 @@ from nats.aio.client import Client
 from nats.errors import TimeoutError as NatsTimeoutError
 
 from bridge import (
+    CreateOutcomeUnknown,
     InputKeyReused,
     InvalidPayload,
     TaskBridge,
@@ -389,9 +390,10 @@ async def test_a_create_whose_ack_is_lost_reports_what_was_stored(
             stored = await js.get_msg(kv_stream(bucket), subject=kv_subject(bucket, record.task_id))
             assert stored.seq == record.revision
             assert decode_envelope(record.task_id, stored.data).owner == "alice"
-        else:  # not stored: the timeout stands, and a retry cannot orphan anything
-            with pytest.raises(NatsTimeoutError):
-                await bridge.create(owner="alice")
+        else:  # never acked: retried under the same id, then given up on, by that id
+            with pytest.raises(CreateOutcomeUnknown) as caught:
+                await bridge.create(owner="alice", deadline_s=0.3)
+            assert "TimeoutError" in str(caught.value) and caught.value.task_id in str(caught.value)
             assert (await js.stream_info(kv_stream(bucket))).state.messages == 0
     finally:
         await bridge._publisher.close()

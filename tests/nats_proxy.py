@@ -1,0 +1,101 @@
+"""A TCP proxy between a NATS client and nats-server that loses chosen messages on purpose.
+
+Real bytes on real sockets: the client speaks to the proxy as to a server, and the proxy
+parses the server's side of the protocol just enough to frame each message (`MSG`, `HMSG`,
+control lines). `lose_replies(after=b"HPUB $KV.", count=2)` drops the next `count`
+messages delivered to the client's `_INBOX` subjects once the client has sent a line
+starting with `after`: the ack of a JetStream publish and the reply to the read that
+follows it, the "ack lost, read-back failed" fault of a deposed or partitioned leader.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from dataclasses import dataclass, field
+
+
+@dataclass
+class _Plan:
+    after: bytes
+    count: int
+    armed: bool = False  # the trigger line went by; drop the next `count` replies
+    dropped: list[bytes] = field(default_factory=list)  # the subjects of what was lost
+
+
+class NatsProxy:
+    def __init__(self, upstream_host: str, upstream_port: int) -> None:
+        self.upstream = (upstream_host, upstream_port)
+        self.server: asyncio.Server | None = None
+        self.plan: _Plan | None = None
+        self.lost = asyncio.Event()  # set once the plan dropped all it was to drop
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    @property
+    def url(self) -> str:
+        assert self.server is not None
+        return f"nats://127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
+
+    def lose_replies(self, *, after: bytes, count: int) -> None:
+        self.plan = _Plan(after, count)
+        self.lost.clear()
+
+    async def start(self) -> None:
+        self.server = await asyncio.start_server(self._accept, "127.0.0.1", 0)
+
+    async def stop(self) -> None:
+        if self.server is not None:
+            self.server.close()
+        for task in list(self._tasks):
+            task.cancel()
+        for task in list(self._tasks):
+            with contextlib.suppress(BaseException):
+                await task
+
+    async def _accept(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
+        server_r, server_w = await asyncio.open_connection(*self.upstream)
+        up = asyncio.create_task(self._client_to_server(client_r, server_w))
+        down = asyncio.create_task(self._server_to_client(server_r, client_w))
+        self._tasks |= {up, down}
+        try:
+            await asyncio.wait((up, down), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (up, down):
+                task.cancel()
+            for writer in (client_w, server_w):
+                writer.close()
+            self._tasks -= {up, down}
+
+    async def _client_to_server(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        while line := await reader.readline():  # control lines; payloads pass as lines too
+            plan = self.plan
+            if plan is not None and not plan.armed and line.startswith(plan.after):
+                plan.armed = True
+            writer.write(line)
+            await writer.drain()
+
+    async def _server_to_client(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        while line := await reader.readline():
+            payload = b""
+            if line.startswith((b"MSG ", b"HMSG ")):
+                size = int(line.split()[-1])
+                payload = await reader.readexactly(size + 2)  # and its CRLF
+                if self._drop(line):
+                    continue
+            writer.write(line + payload)
+            await writer.drain()
+
+    def _drop(self, line: bytes) -> bool:
+        plan = self.plan
+        subject = line.split()[1]
+        if plan is None or not plan.armed or not subject.startswith(b"_INBOX"):
+            return False
+        plan.dropped.append(subject)
+        if len(plan.dropped) >= plan.count:
+            self.plan = None
+            self.lost.set()
+        return True
