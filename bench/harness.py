@@ -38,6 +38,9 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 Log = Callable[[str], None]
 
 
+DEFAULT_SYNC = "2m"  # nats-server's default sync_interval
+
+
 class HarnessError(RuntimeError):
     """A process the bench needs did not start or did not become ready."""
 
@@ -86,7 +89,11 @@ class Harness:
         self.profile_dir = profile_dir
         self._profiled: set[str] = set()
         self.root = Path(tempfile.mkdtemp(prefix="taskhub-bench-"))
-        self.nats = NatsServerProcess(self.root / "nats")
+        # nats-server's own default sync policy, named: an fsync every two minutes. The
+        # writes scenario also runs one with "always" (sync_server), taskhub's embedded
+        # default and deploy/'s policy.
+        self.nats = NatsServerProcess(self.root / "nats", sync=DEFAULT_SYNC)
+        self.extra_nats: list[NatsServerProcess] = []
         self.nats_url = ""
         self.nc: Client | None = None
         self.servers: list[Server] = []
@@ -118,6 +125,8 @@ class Harness:
             if self.nc is not None and not self.nc.is_closed:
                 await self.nc.close()
         finally:
+            for nats_server in self.extra_nats:
+                await asyncio.to_thread(nats_server.stop)
             await asyncio.to_thread(self.nats.stop)
             shutil.rmtree(self.root, ignore_errors=True)
 
@@ -271,9 +280,18 @@ class Harness:
     async def loadgen(self) -> Worker:
         return await self._worker("loadgen", ["-m", "bench.loadgen"])
 
-    async def writer(self, bucket: str) -> Worker:
-        args = ["-m", "bench.writer", "--nats-url", self.nats_url, "--bucket", bucket]
+    async def writer(self, bucket: str, nats_url: str | None = None) -> Worker:
+        url = nats_url or self.nats_url
+        args = ["-m", "bench.writer", "--nats-url", url, "--bucket", bucket]
         return await self._worker("writer", args)
+
+    async def sync_server(self, sync: str) -> NatsServerProcess:
+        """Another nats-server (stopped with the harness) with JetStream's `sync_interval`."""
+        server = NatsServerProcess(self.root / f"nats-sync-{len(self.extra_nats)}", sync=sync)
+        self.extra_nats.append(server)
+        url = await asyncio.to_thread(server.start)
+        self.log(f"nats-server (sync_interval {sync}) at {url}")
+        return server
 
     async def _worker(self, name: str, args: list[str]) -> Worker:
         worker = await Worker.start(name, args, self._log_file(name), REPO_ROOT, self.env)

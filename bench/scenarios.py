@@ -19,7 +19,8 @@ work is the figure that sharing disturbs least.
                  pollIntervalMs, then by listening at the hub: requests reaching the
                  fleet, bytes on the wire, staleness.
 (e) cold_start   hub start with the bucket full until /readyz is 200.
-(f) writes       bridge updates/s with concurrent writers.
+(f) writes       bridge updates/s with concurrent writers, under nats-server's default
+                 sync_interval (2m) and under "always" (an fsync before every ack).
 (g) front_door   closed-loop `tools/call` on C keep-alive connections to an `mcp` SDK
                  server (bench/upstream.py), called directly and through
                  `taskhub serve --upstream` in turn: req/s, p50/p99, and CPU per call
@@ -425,32 +426,49 @@ async def cold_start(h: Harness, s: Sizes, repeat: int) -> Metrics:
     return medians(runs)
 
 
+async def _burst(writer: Worker, nats_pid: int | None, s: Sizes) -> Metrics:
+    nats_cpu = cpu_seconds(nats_pid) if nats_pid is not None else 0.0
+    burst: dict[str, Any] = await writer.call(
+        "burst",
+        s.writes_seconds + 120,
+        concurrency=s.writes_concurrency,
+        seconds=s.writes_seconds,
+    )
+    if nats_pid is not None:
+        nats_cpu = cpu_seconds(nats_pid) - nats_cpu
+    return {
+        "updates_per_s": burst["updates_per_s"],
+        "writer_cpu_cores": burst["writer_cpu_s"] / burst["seconds"],
+        # The task creations before the burst count here too (a few ms).
+        "nats_cpu_cores": nats_cpu / burst["seconds"],
+    }
+
+
 async def writes(h: Harness, s: Sizes, repeat: int) -> Metrics:
+    """The harness's nats-server (sync_interval 2m), then one with "always", in turn."""
     bucket = await h.bucket(_bucket_name("writes"))
     writer = await h.writer(bucket)
-    nats_pid = h.nats.process.pid if h.nats.process is not None else None
+    synced = await h.sync_server("always")
+    synced_writer = await h.writer(bucket, synced.url)
+    pids = [server.process.pid if server.process else None for server in (h.nats, synced)]
     runs: list[Metrics] = []
     for rep in range(repeat):
-        nats_cpu = cpu_seconds(nats_pid) if nats_pid is not None else 0.0
-        burst: dict[str, Any] = await writer.call(
-            "burst",
-            s.writes_seconds + 120,
-            concurrency=s.writes_concurrency,
-            seconds=s.writes_seconds,
-        )
-        if nats_pid is not None:
-            nats_cpu = cpu_seconds(nats_pid) - nats_cpu
+        interval = await _burst(writer, pids[0], s)
+        always = await _burst(synced_writer, pids[1], s)
         runs.append(
             {
-                "updates_per_s": burst["updates_per_s"],
+                **interval,
                 "concurrency": s.writes_concurrency,
-                "writer_cpu_cores": burst["writer_cpu_s"] / burst["seconds"],
-                # The task creations before the burst count here too (a few ms).
-                "nats_cpu_cores": nats_cpu / burst["seconds"],
+                **{f"always_{key}": value for key, value in always.items()},
+                "always_ratio": always["updates_per_s"] / interval["updates_per_s"],
             }
         )
-        h.log(f"writes #{rep + 1}: {burst['updates_per_s']:,.0f} updates/s")
+        h.log(
+            f"writes #{rep + 1}: {interval['updates_per_s']:,.0f} updates/s (sync 2m), "
+            f"{always['updates_per_s']:,.0f} updates/s (sync always)"
+        )
     await h.close_worker(writer)
+    await h.close_worker(synced_writer)
     return medians(runs)
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import gc
 import logging
 import os
@@ -132,15 +133,22 @@ def serve(config: Config) -> int:
     embedded: NatsServerProcess | None = None
     nats_url = config.nats_url
     if nats_url is None:
-        embedded = NatsServerProcess(config.data_dir / "nats")
+        # Monitoring on loopback, so the hub reads the sync policy as it would elsewhere.
+        embedded = NatsServerProcess(config.data_dir / "nats", sync=config.nats_sync, monitor=True)
         try:
             nats_url = embedded.start()
         except NatsServerError as exc:
             log.error("%s", exc)
             return 1
+        config = dataclasses.replace(config, nats_monitor_url=embedded.monitor_url)
         # Where servers on this machine find the embedded NATS (README quick start).
         (embedded.data_dir / "url").write_text(nats_url + "\n")
-        log.info("embedded nats-server at %s (log %s)", nats_url, embedded.log_file)
+        log.info(
+            "embedded nats-server at %s (sync_interval %s, log %s)",
+            nats_url,
+            config.nats_sync,
+            embedded.log_file,
+        )
     try:
         if config.workers > 1:
             return run_workers(config, nats_url)

@@ -22,6 +22,7 @@ from bridge.events import DEFAULT_SERVICE
 from bridge.wire import DEFAULT_BUCKET, SERVICE_RE
 from hub.auth import AuthSettings
 from hub.cors import normalize_origin
+from hub.embedded_nats import SYNC_ALWAYS, parse_sync
 from hub.fleet_events import load_resource_rule
 from hub.upstream import UpstreamSpec
 
@@ -37,6 +38,10 @@ class Config:
     bucket: str = DEFAULT_BUCKET
     replicas: int = 1
     data_dir: Path = Path(".taskhub")
+    # Embedded NATS: JetStream's sync_interval ("always" = fsync before every ack).
+    nats_sync: str = SYNC_ALWAYS
+    # An external NATS server's monitoring endpoint, whose /varz shows its sync policy.
+    nats_monitor_url: str | None = None
     keepalive: float = 15.0
     log_level: str = "info"
     workers: int = 1
@@ -220,6 +225,20 @@ def _check_upstreams(specs: Sequence[UpstreamSpec]) -> str | None:
     return None
 
 
+def _sync(text: str) -> str:
+    try:
+        return parse_sync(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _http_url(text: str) -> str:
+    parts = urlsplit(text)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an http(s) URL")
+    return text.rstrip("/")
+
+
 def _flag(text: str) -> bool:
     lowered = text.strip().lower()
     if lowered in ("1", "true", "yes", "on"):
@@ -237,6 +256,17 @@ _OPTIONS: list[tuple[str, Callable[[str], Any], str]] = [
     ("bucket", str, "KV bucket of task states"),
     ("replicas", _positive_int, "replicas for the bucket and control stream when created"),
     ("data-dir", Path, "embedded NATS: store, log and URL file under <dir>/nats"),
+    (
+        "nats-sync",
+        _sync,
+        "embedded NATS: JetStream sync_interval, `always` (fsync before every ack) or a "
+        "duration such as `2m` (an acknowledged write may be lost to a power cut until then)",
+    ),
+    (
+        "nats-monitor-url",
+        _http_url,
+        "external NATS: monitoring URL (`http://host:8222`) whose /varz shows the sync policy",
+    ),
     ("keepalive", _positive_float, "seconds between SSE keep-alive comments"),
     ("log-level", str.lower, "debug, info, warning, error or critical"),
     ("workers", _positive_int, "hub processes sharing the port, each with its own watch"),

@@ -143,6 +143,19 @@ class Metrics:
         self.open_streams = Gauge("taskhub_open_streams", "open subscriptions/listen streams")
         self.cached_tasks = Gauge("taskhub_cached_tasks", "tasks in the snapshot cache")
         self.ready = Gauge("taskhub_ready", "1 when NATS is connected and the cache caught up")
+        # Durability the hub can observe (hub/nats_source.py, read at start-up).
+        self.bucket_replicas = Gauge(
+            "taskhub_bucket_replicas", "replicas of the task bucket's stream (0 before known)"
+        )
+        self.control_replicas = Gauge(
+            "taskhub_control_replicas", "replicas of the control stream (0 before known)"
+        )
+        self.nats_sync_always = Gauge(
+            "taskhub_nats_sync_always",
+            "1 when NATS fsyncs every write before its ack, 0 when it syncs on an interval, "
+            "-1 when unknown",
+        )
+        self.nats_sync_always.set(-1)
 
     def render(self) -> bytes:
         lines: list[str] = []

@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
+import urllib.request
 from collections.abc import Callable
 from typing import Any
 
@@ -47,6 +49,23 @@ INACTIVE_CONSUMER_S = 10.0
 WATCH_CHECK_S = 1.0
 
 
+def read_sync_policy(monitor_url: str, timeout: float) -> str | None:
+    """The server's JetStream sync policy from its monitoring `/varz`: "always", an
+    interval such as "120s", or None when it cannot be read (blocking; run in a thread)."""
+    try:
+        with urllib.request.urlopen(f"{monitor_url.rstrip('/')}/varz", timeout=timeout) as r:
+            config = json.loads(r.read())["jetstream"]["config"]
+    except Exception as exc:
+        log.warning("cannot read the NATS sync policy from %s/varz: %s", monitor_url, exc)
+        return None
+    if config.get("sync_always"):
+        return "always"
+    interval_ns = config.get("sync_interval")
+    if not isinstance(interval_ns, int) or interval_ns <= 0:
+        return None
+    return f"{interval_ns / 1e9:g}s"
+
+
 class StoreUnavailable(RuntimeError):
     """NATS could not answer a read-through; the caller answers -32603 (H70)."""
 
@@ -73,8 +92,10 @@ class NatsSource:
         replicas: int = 1,
         request_timeout: float = 2.0,
         nats_options: dict[str, Any] | None = None,
+        monitor_url: str | None = None,
     ) -> None:
         self.nats_options = nats_options or {}
+        self.monitor_url = monitor_url  # NATS monitoring, for the sync policy
         self.nats_url = nats_url
         self.bucket = bucket
         self.stream = kv_stream(bucket)
@@ -113,8 +134,45 @@ class NatsSource:
         self.js = self.nc.jetstream(timeout=self.request_timeout)
         await ensure_bucket(self.js, self.bucket, self.replicas)
         await ensure_control_stream(self.js, self.replicas)
+        await self._report_durability()
         await self._watch()
         self._check_task = asyncio.create_task(self._check_watch())
+
+    async def _report_durability(self) -> None:
+        """Metrics and one log line: what an acknowledged write survives.
+
+        Replicas come from STREAM.INFO; the sync policy from the server's monitoring, when
+        a URL for it is known (the embedded server's always is). A task acknowledged as
+        created on one replica without an fsync can be lost to one power cut: warn then.
+        """
+        bucket = await self.js.stream_info(self.stream)
+        control = await self.js.stream_info(CONTROL_STREAM)
+        bucket_replicas = bucket.config.num_replicas or 1
+        control_replicas = control.config.num_replicas or 1
+        sync = None
+        if self.monitor_url is not None:
+            sync = await asyncio.to_thread(read_sync_policy, self.monitor_url, self.request_timeout)
+        self.metrics.bucket_replicas.set(bucket_replicas)
+        self.metrics.control_replicas.set(control_replicas)
+        self.metrics.nats_sync_always.set(-1 if sync is None else int(sync == "always"))
+        if sync is not None:
+            shown = sync
+        elif self.monitor_url is None:
+            shown = "unknown (no --nats-monitor-url)"
+        else:
+            shown = f"unknown ({self.monitor_url}/varz unreadable)"
+        line = (
+            f"durability: bucket {self.stream} R{bucket_replicas}, control stream "
+            f"{CONTROL_STREAM} R{control_replicas}, NATS sync {shown}"
+        )
+        if min(bucket_replicas, control_replicas) == 1 and sync != "always":
+            log.warning(
+                "%s: an acknowledged task write can be lost to one power cut (use R3, or "
+                "sync_interval: always)",
+                line,
+            )
+        else:
+            log.info("%s", line)
 
     async def _check_watch(self) -> None:
         """Re-make a watch that stopped delivering while the connection lived.

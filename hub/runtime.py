@@ -41,6 +41,7 @@ class Hub:
             self.metrics,
             replicas=config.replicas,
             nats_options=config.nats_options(),
+            monitor_url=config.nats_monitor_url,
         )
         self.events = EventSource(self.fanout, self.metrics)
         self.source.on_reconnected = self.events.reconnected

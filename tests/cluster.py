@@ -63,14 +63,11 @@ class ClusterNode(NatsServerProcess):
     def running(self) -> bool:
         return self.process is not None and self.process.poll() is None
 
-    @property
-    def monitor_url(self) -> str:
-        return f"http://127.0.0.1:{self.monitor_port}"
-
     async def subscribed_subjects(self) -> set[str]:
         """Every subject some client connected to this node subscribes to (`/connz`)."""
+        monitor = f"http://127.0.0.1:{self.monitor_port}"  # `-m` above
         async with httpx.AsyncClient(timeout=2.0) as client:
-            connz = (await client.get(self.monitor_url + "/connz?subs=1&limit=1024")).json()
+            connz = (await client.get(monitor + "/connz?subs=1&limit=1024")).json()
         return {
             subject
             for conn in connz.get("connections") or []

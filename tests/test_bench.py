@@ -31,7 +31,7 @@ REQUIRED = {
         "staleness_push_ms",
     ),
     "cold_start": ("tasks", "seconds"),
-    "writes": ("updates_per_s",),
+    "writes": ("updates_per_s", "always_updates_per_s", "always_nats_cpu_cores"),
     "front_door": tuple(
         f"{call.key}_{key}"
         for call in FRONT_DOOR_CALLS

@@ -20,7 +20,7 @@ from hub.cache import TaskCache
 from hub.config import Config
 from hub.embedded_nats import NatsServerProcess, nats_server_binary
 from hub.metrics import Metrics
-from hub.nats_source import NatsSource
+from hub.nats_source import NatsSource, read_sync_policy
 from tests.helpers import eventually
 from tests.test_deploy import DEPLOY, NATS_CONFIGS, env_example, free_port
 
@@ -59,9 +59,31 @@ def test_nats_config_has_no_default_passwords() -> None:
     assert result.returncode != 0 and "variable reference" in result.stdout + result.stderr
 
 
+def test_nats_cluster_conf_sets_its_durability_policy() -> None:
+    """R3 plus an fsync before every ack, explained beside the setting; compose and
+    Kubernetes both run this file (the running cluster below shows the server took it)."""
+    conf = (DEPLOY / "nats" / "cluster.conf").read_text()
+    jetstream = re.search(r"^jetstream \{(.*?)^\}", conf, re.S | re.M)
+    assert jetstream is not None
+    settings = re.findall(r"^\s*sync_interval:\s*(\S+)\s*$", jetstream.group(1), re.M)
+    assert settings == ["always"], settings
+    assert "R3" in jetstream.group(1) and "power cut" in jetstream.group(1)
+    compose = (DEPLOY / "docker-compose.yml").read_text()
+    assert '"--config", "/etc/nats/cluster.conf"' in compose
+    assert '"--config", "/etc/nats/cluster.conf"' in (DEPLOY / "k8s" / "nats.yaml").read_text()
+    assert 'TASKHUB_REPLICAS: "3"' in compose
+
+
 @pytest.fixture
-def nats_cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
-    """Three nodes on loopback running deploy/nats/cluster.conf; yields their URLs."""
+def nats_cluster(nats_nodes: list[NatsServerProcess]) -> list[str]:
+    return [node.url for node in nats_nodes]
+
+
+@pytest.fixture
+def nats_nodes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[list[NatsServerProcess]]:
+    """Three nodes on loopback running deploy/nats/cluster.conf."""
     conf_dir = tmp_path / "conf"
     conf_dir.mkdir()
     # NatsServerProcess passes -sd (and the config may not name the store twice).
@@ -91,7 +113,7 @@ def nats_cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[li
             )
             nodes.append(node)
             node.start()
-        yield [node.url for node in nodes]
+        yield nodes
     finally:
         for node in nodes:
             node.stop()
@@ -102,7 +124,9 @@ def with_user(urls: list[str], user: str) -> list[str]:
     return [url.replace("nats://", f"nats://{user}:{password}@") for url in urls]
 
 
-async def test_nats_cluster_conf_forms_a_jetstream_cluster(nats_cluster: list[str]) -> None:
+async def test_nats_cluster_conf_forms_a_jetstream_cluster(
+    nats_cluster: list[str], nats_nodes: list[NatsServerProcess]
+) -> None:
     stream = kv_stream(DEFAULT_BUCKET)
 
     async def provisioned() -> bool:
@@ -135,17 +159,26 @@ async def test_nats_cluster_conf_forms_a_jetstream_cluster(nats_cluster: list[st
     try:
         task = await bridge.create(owner="alice")
         config = Config(nats_user="hub", nats_password=passwords["NATS_HUB_PASSWORD"])
+        metrics = Metrics()
         source = NatsSource(
             ",".join(nats_cluster),
             DEFAULT_BUCKET,
             TaskCache(),
-            Metrics(),
+            metrics,
             nats_options=config.nats_options(),
+            monitor_url=nats_nodes[0].monitor_url,
         )
         await source.start()
         try:
             await source.wait_caught_up(10)
             assert await source.read_through(task.task_id) is not None
+            # the durability the hub sees: R3, and the node fsyncs before every ack
+            assert metrics.bucket_replicas.value() == 3
+            assert metrics.control_replicas.value() == 3
+            assert metrics.nats_sync_always.value() == 1
+            for node in nats_nodes:
+                assert node.monitor_url is not None
+                assert read_sync_policy(node.monitor_url, 5) == "always"
         finally:
             await source.close()
     finally:
