@@ -74,6 +74,10 @@ class Config:
     nats_tls_ca: Path | None = None
     nats_tls_cert: Path | None = None
     nats_tls_key: Path | None = None
+    # NATS failure detection: a PING this often, the connection dropped after this many
+    # unanswered (hub/nats_source.py; /readyz is 503 while disconnected).
+    nats_ping_interval: float = 1.0
+    nats_max_pings: int = 2
     # Listen streams whose client has not read for this long are closed (dead peers).
     send_timeout: float = 30.0
     # tasks/update: how long the ack waits for the owner to take the answers (D24).
@@ -128,8 +132,13 @@ class Config:
         return parts.scheme in ("http", "https") and parts.hostname in LOOPBACK_HOSTS
 
     def nats_options(self) -> dict[str, Any]:
-        """Keyword arguments for `nats.connect`: credentials and TLS."""
-        options: dict[str, Any] = {}
+        """Keyword arguments for `nats.connect`: failure detection, credentials and TLS."""
+        options: dict[str, Any] = {
+            # A frozen or unreachable server is noticed after about (pings + 1) intervals,
+            # not nats-py's 2 x 120 s: the connection drops and /readyz turns 503.
+            "ping_interval": self.nats_ping_interval,
+            "max_outstanding_pings": self.nats_max_pings,
+        }
         if self.nats_user is not None:
             options["user"] = self.nats_user
             options["password"] = self.nats_password
@@ -311,6 +320,12 @@ _OPTIONS: list[tuple[str, Callable[[str], Any], str]] = [
         str,
         "MODULE:NAME of a callable (principal, service, uri) -> bool: who may follow which "
         "resource URIs (default: everyone)",
+    ),
+    ("nats-ping-interval", _positive_float, "seconds between PINGs to the NATS server"),
+    (
+        "nats-max-pings",
+        _positive_int,
+        "unanswered PINGs after which the NATS connection counts as lost (/readyz 503)",
     ),
     ("nats-user", str, "NATS user"),
     ("nats-password", str, "NATS password"),

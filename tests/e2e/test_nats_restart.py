@@ -105,3 +105,36 @@ async def test_a_reconnect_storm_leaves_one_watch_consumer(
         await eventually(one_consumer, timeout=30, interval=0.5)
     finally:
         await hub.stop()
+
+
+async def test_a_frozen_nats_server_turns_readyz_503_within_the_ping_bound(
+    own_nats: NatsServerProcess, bucket: str, tmp_path: Path
+) -> None:
+    """Issue 12: SIGSTOP the hub's server. With nats-py's defaults (a PING every 120 s)
+    only the watch check noticed, after two failed 2 s calls (~6 s); PINGs every second,
+    two unanswered, drop the connection within about three."""
+    import os
+    import signal
+    import time
+
+    hub = await start_hub(own_nats.url, bucket, tmp_path / "hub")
+    assert own_nats.process is not None
+    pid = own_nats.process.pid
+    try:
+        await eventually(lambda: ready(hub))
+        frozen = time.monotonic()
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            await eventually(lambda: not_ready(hub), timeout=15)
+            noticed = time.monotonic() - frozen
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        # (pings + 1) intervals, with room for a loaded machine; the old path took 6 s+.
+        assert noticed < 5.0, f"/readyz stayed 200 for {noticed:.1f}s of a frozen server"
+        await eventually(lambda: ready(hub), timeout=15)  # back once the server is
+    finally:
+        await hub.stop()
+
+
+async def not_ready(hub: HubHarness) -> bool:
+    return (await hub.client.get(hub.url + "/readyz")).status_code == 503
