@@ -3,9 +3,11 @@
 Events are published on the session's real nats-server the way a server does it
 (`bridge.FleetEvents`, or a raw NATS publish for what any language may send); streams are
 real SSE over loopback, and one is the real `mcp` 2.3.0 client's `Client.listen`. To show a
-stream got *nothing* it should not have, every stream also follows one task and the test
-writes that task after the events: the task's notification comes after every event
-delivered before it, so whatever has not arrived by then was never sent.
+stream got *nothing* it should not have, each stream at an upstream's endpoint also follows
+an end marker, a resource updated last: events of one publisher reach the hub in order and
+each stream writes its events in the order they came, so what has not arrived before the
+marker was never sent. The stream at `/mcp`, which can follow no event, gets a task's state
+written after every marker has arrived elsewhere instead.
 """
 
 from __future__ import annotations
@@ -82,16 +84,25 @@ async def listen(
         await response.aclose()
 
 
-async def until_task(stream: SseStream, task_id: str) -> list[dict[str, Any]]:
-    """Every message before the notification of `task_id` (its initial state skipped)."""
+END = "end://marker"
+
+
+def is_end(message: dict[str, Any]) -> bool:
+    return message["method"] == UPDATED and message["params"]["uri"] == END
+
+
+def is_sentinel(message: dict[str, Any]) -> bool:
+    return message["method"] == "notifications/tasks" and (
+        message["params"].get("statusMessage") == "sentinel"
+    )
+
+
+async def until(stream: SseStream, last: Any) -> list[dict[str, Any]]:
+    """Every message before the first one `last` accepts."""
     seen: list[dict[str, Any]] = []
-    while True:
-        message = await stream.next()
-        if message["method"] == "notifications/tasks" and message["params"]["taskId"] == task_id:
-            if message["params"].get("statusMessage") == "sentinel":
-                return seen
-            continue
+    while not last(message := await stream.next()):
         seen.append(message)
+    return seen
 
 
 def kinds(messages: list[dict[str, Any]]) -> list[tuple[str, str | None]]:
@@ -103,7 +114,6 @@ async def test_each_event_reaches_exactly_the_streams_that_asked_for_it(
 ) -> None:
     async with await TaskBridge.connect(nats_url, "events-1", bucket=bucket) as bridge:
         sentinel = await bridge.create(owner="anonymous", ttl_ms=600_000)
-        task = {"taskIds": [sentinel.task_id]}
         async with contextlib.AsyncExitStack() as stack:
             streams = {}
             for name, path, asked in (
@@ -114,29 +124,27 @@ async def test_each_event_reaches_exactly_the_streams_that_asked_for_it(
                     {
                         "promptsListChanged": True,
                         "resourcesListChanged": True,
-                        "resourceSubscriptions": ["file:///a", "secret://k"],
+                        "resourceSubscriptions": ["file:///a", "secret://k", END],
                     },
                 ),
                 ("nothing", "/servers/alpha/mcp", {"toolsListChanged": False}),
                 ("beta", "/servers/beta/mcp", {"toolsListChanged": True}),
-                ("hub-only", "/mcp", {"toolsListChanged": True}),
+                ("hub-only", "/mcp", {"toolsListChanged": True, "taskIds": [sentinel.task_id]}),
             ):
-                ack, stream = await stack.enter_async_context(
-                    listen(front, path, {**asked, **task}, id=name)
-                )
+                if path != "/mcp":
+                    asked.setdefault("resourceSubscriptions", [END])
+                ack, stream = await stack.enter_async_context(listen(front, path, asked, id=name))
                 streams[name] = (ack, stream)
             # The acks grant what each asked for, where it can be honoured.
-            assert streams["tools"][0] == {"taskIds": [sentinel.task_id], "toolsListChanged": True}
+            assert streams["tools"][0] == {"toolsListChanged": True, "resourceSubscriptions": [END]}
             assert streams["rest"][0] == {
-                "taskIds": [sentinel.task_id],
                 "promptsListChanged": True,
                 "resourcesListChanged": True,
-                "resourceSubscriptions": ["file:///a"],  # the rule keeps secret:// out
+                "resourceSubscriptions": ["file:///a", END],  # the rule keeps secret:// out
             }
-            assert streams["nothing"][0] == {"taskIds": [sentinel.task_id]}
+            assert streams["nothing"][0] == {"resourceSubscriptions": [END]}
             assert streams["hub-only"][0] == {"taskIds": [sentinel.task_id]}  # no upstream
-            for _, stream in streams.values():
-                await stream.next()  # the sentinel's current state
+            await streams["hub-only"][1].next()  # the sentinel's current state
 
             events = FleetEvents(nc, "alpha")
             await events.tools_changed()
@@ -146,12 +154,17 @@ async def test_each_event_reaches_exactly_the_streams_that_asked_for_it(
             await events.resource_updated("file:///b")  # nobody follows it
             await events.resource_updated("secret://k")  # nobody may follow it
             await FleetEvents(nc, "gamma").tools_changed()  # no such endpoint
-            await bridge.working(sentinel.task_id, status_message="sentinel")
+            await FleetEvents(nc, "beta").resource_updated(END)
+            await events.resource_updated(END)
 
             got = {
-                name: kinds(await until_task(stream, sentinel.task_id))
+                name: kinds(await until(stream, is_end))
                 for name, (_, stream) in streams.items()
+                if name != "hub-only"
             }
+            # Every event has been handled; the task written now comes after any of them.
+            await bridge.working(sentinel.task_id, status_message="sentinel")
+            got["hub-only"] = kinds(await until(streams["hub-only"][1], is_sentinel))
     assert got == {
         "tools": [(TOOLS, None)],
         "rest": [(PROMPTS, None), (RESOURCES, None), (UPDATED, "file:///a")],
