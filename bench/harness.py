@@ -19,12 +19,14 @@ import socket
 import sys
 import tempfile
 import time
+import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Self
 
+import msgspec
 import nats
 from nats.aio.client import Client
 
@@ -39,6 +41,20 @@ Log = Callable[[str], None]
 
 
 DEFAULT_SYNC = "2m"  # nats-server's default sync_interval
+
+
+def bucket_name(scenario: str) -> str:
+    """A fresh bucket name per scenario run."""
+    return f"bench-{scenario}-{uuid.uuid4().hex[:8]}"
+
+
+async def server_stats(server: Server) -> dict[str, int]:
+    """The origin's (or the front door's upstream's) `/stats`: `POST /mcp` received, ..."""
+    status, body = await http_get(server.port, "/stats")
+    if status != 200:
+        raise RuntimeError(f"{server.name} /stats answered {status}")
+    stats: dict[str, int] = msgspec.json.decode(body)
+    return stats
 
 
 class HarnessError(RuntimeError):

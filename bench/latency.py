@@ -13,9 +13,9 @@ import asyncio
 import contextlib
 from collections.abc import Sequence
 
-from bench.harness import Harness
+from bench.harness import Harness, bucket_name
 from bench.processes import raise_fd_limit
-from bench.scenarios import Paced, _bucket_name, _open_streams
+from bench.scenarios import Paced, _open_streams
 from bench.sizes import FULL
 
 DEFAULT_RATES = (5_000, 10_000, 20_000, 40_000)
@@ -31,7 +31,7 @@ async def measure(
     """Per server: (frames/s offered, delivered, p50 ms, p99 ms) for each rate."""
     results: dict[str, list[tuple[int, float, float, float]]] = {}
     async with Harness(_log) as h:
-        bucket = await h.bucket(_bucket_name("latency"))
+        bucket = await h.bucket(bucket_name("latency"))
         writer = await h.writer(bucket)
         loadgen = await h.loadgen()
         task_ids = (await writer.call("create", 120, count=tasks))["task_ids"]

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from bench.scenarios import FRONT_DOOR_CALLS
+from bench.front_door import FRONT_DOOR_CALLS
 
 Results = dict[str, dict[str, float]]
 Row = tuple[str, str, str, str, str]

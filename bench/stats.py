@@ -10,6 +10,13 @@ import math
 import statistics
 from collections.abc import Sequence
 
+Metrics = dict[str, float]  # one scenario's figures by name
+
+
+def medians(runs: list[Metrics]) -> Metrics:
+    """The median of each figure over the repetitions."""
+    return {key: median([run[key] for run in runs if key in run]) for key in runs[0]}
+
 
 def percentile(sorted_samples: Sequence[float], q: float) -> float:
     """The nearest-rank `q`-th percentile (0 < q ≤ 100) of already sorted samples; 0 if none."""

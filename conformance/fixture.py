@@ -43,21 +43,11 @@ from mcp_types import (
     Completion,
     CompletionArgument,
     CompletionContext,
-    CreateMessageRequest,
-    CreateMessageRequestParams,
-    CreateMessageResult,
-    ElicitRequest,
-    ElicitRequestFormParams,
-    ElicitResult,
     EmbeddedResource,
     ImageContent,
-    InputRequest,
     InputRequiredResult,
-    ListRootsRequest,
-    ListRootsResult,
     PromptReference,
     ResourceTemplateReference,
-    SamplingMessage,
     TextContent,
     TextResourceContents,
 )
@@ -68,6 +58,8 @@ from bridge import TaskBridge
 from bridge.events import DEFAULT_SERVICE
 from bridge.mcp_server import TaskTools, declares_tasks
 from bridge.task_context import TaskContext, elicitation_form
+from conformance.inputs import CONFIRM_SCHEMA, NAME_SCHEMA, elicit, elicited
+from conformance.mrtr import register_mrtr_tools
 from examples.fleet.common import Connect, Lifespan
 from examples.fleet.common import main as common_main
 
@@ -86,21 +78,6 @@ CACHE_HINTS: dict[CacheableMethod, CacheHint] = {
     method: CacheHint(ttl_ms=60_000, scope="public") for method in typing.get_args(CacheableMethod)
 }
 
-NAME_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "properties": {"name": {"type": "string"}},
-    "required": ["name"],
-}
-CONFIRM_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "properties": {"confirm": {"type": "boolean", "title": "Go ahead?"}},
-    "required": ["confirm"],
-}
-OK_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "properties": {"ok": {"type": "boolean"}},
-    "required": ["ok"],
-}
 # The keyword set json-schema-2020-12 looks for, kept verbatim in tools/list.
 JSON_SCHEMA_2020_12: dict[str, Any] = {
     "$schema": "https://json-schema.org/draft/2020-12/schema",
@@ -129,24 +106,6 @@ JSON_SCHEMA_2020_12: dict[str, Any] = {
 
 def _text(text: str, *, is_error: bool = False) -> CallToolResult:
     return CallToolResult(content=[TextContent(type="text", text=text)], is_error=is_error)
-
-
-def _elicit(message: str, schema: dict[str, Any]) -> ElicitRequest:
-    return ElicitRequest(params=ElicitRequestFormParams(message=message, requested_schema=schema))
-
-
-def _sample(prompt: str, max_tokens: int) -> CreateMessageRequest:
-    message = SamplingMessage(role="user", content=TextContent(type="text", text=prompt))
-    return CreateMessageRequest(
-        params=CreateMessageRequestParams(messages=[message], max_tokens=max_tokens)
-    )
-
-
-def _elicited(answer: object, field: str) -> Any:
-    """`content[field]` of an accepted elicitation answer, else None."""
-    if isinstance(answer, ElicitResult) and answer.content:
-        return answer.content.get(field)
-    return None
 
 
 # -- task tools (tasks-* scenarios) ---------------------------------------------------------
@@ -211,10 +170,10 @@ class FixtureTaskTools(TaskTools):
     ) -> HandlerResult:
         if params.name == "test_tool_with_task" and declares_tasks(ctx):
             answer = (params.input_responses or {}).get("user_name")
-            name = _elicited(answer, "name")
+            name = elicited(answer, "name")
             if not isinstance(name, str):
                 return InputRequiredResult(
-                    input_requests={"user_name": _elicit("What is your name?", NAME_SCHEMA)}
+                    input_requests={"user_name": elicit("What is your name?", NAME_SCHEMA)}
                 )
             params = params.model_copy(update={"arguments": {"user_name": name}})
         return await super().intercept_tool_call(params, ctx, call_next)
@@ -399,117 +358,6 @@ def register_tools(server: MCPServer[Any], fleet: Fleet) -> None:
     register_mrtr_tools(server)
 
 
-def register_mrtr_tools(server: MCPServer[Any]) -> None:
-    """SEP-2322 InputRequiredResult fixtures (input-required-result-* scenarios)."""
-
-    @server.tool()
-    async def test_input_required_result_elicitation(ctx: Context) -> str | InputRequiredResult:
-        """One elicitation round, then a greeting."""
-        responses = ctx.input_responses or {}
-        if "user_name" in responses:
-            return f"Hello, {_elicited(responses['user_name'], 'name') or 'stranger'}!"
-        return InputRequiredResult(
-            input_requests={"user_name": _elicit("What is your name?", NAME_SCHEMA)}
-        )
-
-    @server.tool()
-    async def test_input_required_result_sampling(ctx: Context) -> str | InputRequiredResult:
-        """One sampling round, then what the model said."""
-        responses = ctx.input_responses or {}
-        if "capital_question" in responses:
-            answer = responses["capital_question"]
-            text = "?"
-            if isinstance(answer, CreateMessageResult) and isinstance(answer.content, TextContent):
-                text = answer.content.text
-            return f"Model said: {text}"
-        question = _sample("What is the capital of France?", 100)
-        return InputRequiredResult(input_requests={"capital_question": question})
-
-    @server.tool()
-    async def test_input_required_result_list_roots(ctx: Context) -> str | InputRequiredResult:
-        """One roots/list round, then how many roots there were."""
-        responses = ctx.input_responses or {}
-        if "client_roots" in responses:
-            answer = responses["client_roots"]
-            count = len(answer.roots) if isinstance(answer, ListRootsResult) else 0
-            return f"Client exposed {count} root(s)."
-        return InputRequiredResult(input_requests={"client_roots": ListRootsRequest()})
-
-    @server.tool()
-    async def test_input_required_result_request_state(ctx: Context) -> str | InputRequiredResult:
-        """The requestState must come back unchanged with the answer."""
-        responses = ctx.input_responses or {}
-        if "confirm" in responses and ctx.request_state == "request-state-nonce":
-            return "state-ok: confirmation received"
-        return InputRequiredResult(
-            input_requests={"confirm": _elicit("Please confirm", OK_SCHEMA)},
-            request_state="request-state-nonce",
-        )
-
-    @server.tool()
-    async def test_input_required_result_multiple_inputs(
-        ctx: Context,
-    ) -> str | InputRequiredResult:
-        """Elicitation, sampling and roots/list in one round."""
-        responses = ctx.input_responses or {}
-        if {"user_name", "greeting", "client_roots"} <= responses.keys():
-            return "All inputs received."
-        requests: dict[str, InputRequest] = {
-            "user_name": _elicit("What is your name?", NAME_SCHEMA),
-            "greeting": _sample("Generate a greeting", 50),
-            "client_roots": ListRootsRequest(),
-        }
-        return InputRequiredResult(input_requests=requests, request_state="multiple-inputs")
-
-    @server.tool()
-    async def test_input_required_result_multi_round(ctx: Context) -> str | InputRequiredResult:
-        """Three rounds; requestState says which one this is."""
-        state = json.loads(ctx.request_state) if ctx.request_state else {"round": 0}
-        responses = ctx.input_responses or {}
-        first = InputRequiredResult(
-            input_requests={"step1": _elicit("Step 1: What is your name?", NAME_SCHEMA)},
-            request_state=json.dumps({"round": 1}),
-        )
-        if state.get("round") == 1 and "step1" in responses:
-            color = {
-                "type": "object",
-                "properties": {"color": {"type": "string"}},
-                "required": ["color"],
-            }
-            return InputRequiredResult(
-                input_requests={"step2": _elicit("Step 2: What is your favorite color?", color)},
-                request_state=json.dumps(
-                    {"round": 2, "name": _elicited(responses["step1"], "name")}
-                ),
-            )
-        if state.get("round") == 2 and "step2" in responses:
-            return f"{state.get('name')} likes {_elicited(responses['step2'], 'color')}."
-        return first  # round 0, or an answer out of order: start again
-
-    @server.tool()
-    async def test_input_required_result_tampered_state(
-        ctx: Context,
-    ) -> str | InputRequiredResult:
-        """The SDK seals requestState; a tampered echo never reaches this body."""
-        if ctx.request_state is None:
-            return InputRequiredResult(
-                input_requests={"confirm": _elicit("Please confirm", OK_SCHEMA)},
-                request_state="round-1",
-            )
-        return f"state-ok: {ctx.request_state}"
-
-    @server.tool()
-    async def test_input_required_result_capabilities(ctx: Context) -> InputRequiredResult:
-        """Asks only for what the request's capabilities cover."""
-        capabilities = ctx.client_capabilities
-        requests: dict[str, InputRequest] = {}
-        if capabilities is None or capabilities.sampling is not None:
-            requests["sample"] = _sample("Say hello", 50)
-        if capabilities is None or capabilities.elicitation is not None:
-            requests["ask"] = _elicit("What is your name?", NAME_SCHEMA)
-        return InputRequiredResult(input_requests=requests, request_state="capability-gated")
-
-
 def register_resources(server: MCPServer[Any]) -> None:
     @server.resource("test://static-text", mime_type="text/plain")
     def static_text() -> str:
@@ -574,7 +422,7 @@ def register_prompts(server: MCPServer[Any]) -> None:
         """prompts/get with an MRTR round (input-required-result-non-tool-request)."""
         responses = ctx.input_responses or {}
         if "user_context" in responses:
-            context = _elicited(responses["user_context"], "context") or "?"
+            context = elicited(responses["user_context"], "context") or "?"
             text = f"Use the following context: {context}"
             return [UserMessage(role="user", content=TextContent(type="text", text=text))]
         schema = {
@@ -582,7 +430,7 @@ def register_prompts(server: MCPServer[Any]) -> None:
             "properties": {"context": {"type": "string"}},
             "required": ["context"],
         }
-        request = _elicit("What context should the prompt use?", schema)
+        request = elicit("What context should the prompt use?", schema)
         return InputRequiredResult(input_requests={"user_context": request})
 
     @server.completion()  # type: ignore[no-untyped-call, untyped-decorator]

@@ -61,10 +61,11 @@ class Forwarding(NamedTuple):
 
     upstream: Upstream
     body: bytes
+    request_id: jsonrpc.RequestId | None
     metrics: Metrics
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        outcome = await self.upstream.forward(scope, receive, send, self.body)
+        outcome = await self.upstream.forward(scope, receive, send, self.body, self.request_id)
         self.metrics.upstream_requests.inc(1, self.upstream.spec.label, outcome)
 
 
@@ -123,7 +124,7 @@ class McpEndpoint:
             return request
         if isinstance(request, Forward):
             assert self.upstream is not None
-            return Forwarding(self.upstream, body, self.hub.metrics)
+            return Forwarding(self.upstream, body, request.id, self.hub.metrics)
         try:
             if request.method == "server/discover" and self.upstream is not None:
                 return await self._discover_upstream(scope, body, request, cors)

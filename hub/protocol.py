@@ -71,6 +71,7 @@ class Forward(msgspec.Struct, frozen=True):
     """A message for the upstream (hub/upstream.py): not one of the hub's own methods."""
 
     method: str
+    id: RequestId | None = None  # None for a notification
 
 
 ParsedMessage = Request | Notification | Forward
@@ -113,7 +114,7 @@ def parse_request(
     """
     call = _read_envelope(body)
     if upstream and (isinstance(call, Notification) or call.method not in METHODS):
-        return Forward(call.method)
+        return Forward(call.method, None if isinstance(call, Notification) else call.id)
     if isinstance(call, Notification):
         return call
     try:

@@ -125,19 +125,28 @@ class Upstream:
         self.up: bool | None = None  # unknown until the first answer
         metrics.upstream_up.set(-1, spec.label)
 
-    async def forward(self, scope: Scope, receive: Receive, send: Send, body: bytes) -> str:
-        """Send the request upstream and its answer to the client; returns the outcome label."""
+    async def forward(
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        body: bytes,
+        request_id: jsonrpc.RequestId | None,
+    ) -> str:
+        """Send the request upstream and its answer to the client; returns the outcome label.
+
+        `request_id` (read by the hub while routing) is what a failed forward answers."""
         try:
             response = await self._open(scope, body, receive)
         except UpstreamError as exc:
-            await self._fail(send, body, exc)
+            await self._fail(send, request_id, exc)
             return exc.fault
         if response is None:
             return "client_gone"
         try:
             if _is_event_stream(response):
-                return await self._stream(response, receive, send, body)
-            return await self._whole(response, send, body)
+                return await self._stream(response, receive, send, request_id)
+            return await self._whole(response, send, request_id)
         finally:
             await response.aclose()
 
@@ -194,13 +203,15 @@ class Upstream:
 
     # -- the answer ----------------------------------------------------------------------
 
-    async def _whole(self, response: httpx.Response, send: Send, body: bytes) -> str:
+    async def _whole(
+        self, response: httpx.Response, send: Send, request_id: jsonrpc.RequestId | None
+    ) -> str:
         try:
             content = await self._read_body(response)
             if not _acceptable(response, content):
                 raise self._invalid(response, content)
         except UpstreamError as exc:
-            await self._fail(send, body, exc)
+            await self._fail(send, request_id, exc)
             return exc.fault
         headers = _returned_headers(response)
         headers.append((b"content-length", b"%d" % len(content)))
@@ -215,7 +226,7 @@ class Upstream:
         response: httpx.Response,
         receive: Receive,
         send: Send,
-        body: bytes,
+        request_id: jsonrpc.RequestId | None,
     ) -> str:
         """Relay an SSE reply chunk by chunk until it ends or either side leaves."""
         headers = _returned_headers(response)
@@ -235,7 +246,7 @@ class Upstream:
             return "client_gone"
         fault = relay.result()
         if fault is not None:  # cut off mid-stream: the request's answer is this error
-            error = jsonrpc.encode_error(_request_id(body), fault.rpc_error(self.spec.label))
+            error = jsonrpc.encode_error(request_id, fault.rpc_error(self.spec.label))
             with contextlib.suppress(OSError):
                 await send(
                     {
@@ -306,8 +317,10 @@ class Upstream:
         self.up = True
         self.metrics.upstream_up.set(1, self.spec.label)
 
-    async def _fail(self, send: Send, body: bytes, exc: UpstreamError) -> None:
-        error = jsonrpc.encode_error(_request_id(body), exc.rpc_error(self.spec.label))
+    async def _fail(
+        self, send: Send, request_id: jsonrpc.RequestId | None, exc: UpstreamError
+    ) -> None:
+        error = jsonrpc.encode_error(request_id, exc.rpc_error(self.spec.label))
         headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(error))]
         await send({"type": "http.response.start", "status": exc.status, "headers": headers})
         await send({"type": "http.response.body", "body": error})
@@ -355,19 +368,6 @@ def _acceptable(response: httpx.Response, content: bytes) -> bool:
     except msgspec.DecodeError:
         return False
     return isinstance(message, dict) and message.get("jsonrpc") == "2.0"
-
-
-def _request_id(body: bytes) -> jsonrpc.RequestId | None:
-    """The id to answer a failed forward with (the hub already read the body once)."""
-    try:
-        request_id = msgspec.json.decode(body).get("id")
-    except (msgspec.DecodeError, AttributeError):
-        return None
-    return (
-        request_id
-        if isinstance(request_id, str | int) and not isinstance(request_id, bool)
-        else None
-    )
 
 
 def _reason(exc: Exception) -> str:

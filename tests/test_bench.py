@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from bench import protocol, report
-from bench.scenarios import FRONT_DOOR_CALLS
+from bench.front_door import FRONT_DOOR_CALLS
 from bench.stats import latency_summary, percentile
 
 REPO_ROOT = Path(__file__).resolve().parent.parent

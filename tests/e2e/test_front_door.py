@@ -87,6 +87,7 @@ class Arrived:
 
 
 Handler = Callable[[Arrived, asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+PROGRESS = {"jsonrpc": "2.0", "method": "notifications/progress", "params": {}}
 
 
 @dataclass
@@ -141,6 +142,21 @@ def chunk(data: bytes) -> bytes:
 
 def sse_event(message: dict[str, Any]) -> bytes:
     return b"event: message\ndata: " + msgspec.json.encode(message) + b"\n\n"
+
+
+def streaming_until_closed(closed: asyncio.Event) -> Handler:
+    """An SSE answer that sends one progress event, then waits; `closed` is set when the
+    hub lets go of the connection."""
+
+    async def handler(
+        _: Arrived, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        writer.write(sse_head() + chunk(sse_event(PROGRESS)))
+        await writer.drain()
+        await reader.read()  # b"" once the hub closes its side
+        closed.set()
+
+    return handler
 
 
 def answering(status: str, content_type: str, body: bytes, *extra: str) -> Handler:
@@ -269,17 +285,7 @@ async def test_a_client_that_leaves_cancels_the_upstream_request(
     nats_url: str, bucket: str, tmp_path: Path
 ) -> None:
     upstream_saw_close = asyncio.Event()
-
-    async def handler(
-        _: Arrived, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
-    ) -> None:
-        writer.write(
-            sse_head()
-            + chunk(sse_event({"jsonrpc": "2.0", "method": "notifications/progress", "params": {}}))
-        )
-        await writer.drain()
-        await reader.read()  # b"" once the hub closes its side
-        upstream_saw_close.set()
+    handler = streaming_until_closed(upstream_saw_close)
 
     async with (
         raw_upstream(handler) as upstream,
@@ -308,7 +314,7 @@ async def never_answer(_: Arrived, reader: asyncio.StreamReader, __: asyncio.Str
 async def reset_mid_stream(
     _: Arrived, __: asyncio.StreamReader, writer: asyncio.StreamWriter
 ) -> None:
-    event = sse_event({"jsonrpc": "2.0", "method": "notifications/progress", "params": {}})
+    event = sse_event(PROGRESS)
     writer.write(sse_head() + chunk(event))
     await writer.drain()
     writer.transport.abort()  # RST, no terminating chunk
@@ -487,17 +493,7 @@ async def test_sigterm_stops_the_hub_while_a_client_holds_a_forwarded_stream(
     from tests.e2e.test_serve import free_port, taskhub_command
 
     upstream_saw_close = asyncio.Event()
-
-    async def endless(
-        _: Arrived, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
-    ) -> None:
-        writer.write(
-            sse_head()
-            + chunk(sse_event({"jsonrpc": "2.0", "method": "notifications/progress", "params": {}}))
-        )
-        await writer.drain()
-        await reader.read()  # until the hub lets go
-        upstream_saw_close.set()
+    endless = streaming_until_closed(upstream_saw_close)
 
     async with raw_upstream(endless) as upstream:
         port = free_port()

@@ -1,3 +1,5 @@
+import { Client } from '@modelcontextprotocol/client';
+
 // What the real-client scripts share: protocol names, schemas for the task results the
 // client does not type, line output, and the optional wire trace.
 
@@ -61,4 +63,17 @@ export function tracingFetch(enabled) {
     }
     return response;
   };
+}
+
+/** A client pinned to 2026-07-28 that declares the tasks extension in every request's _meta. */
+export function tasksClient(name) {
+  const client = new Client(
+    { name, version: '0.0.0' },
+    {
+      capabilities: { extensions: { [TASKS_EXT]: {} } },
+      versionNegotiation: { mode: { pin: PROTOCOL } },
+    },
+  );
+  client.onerror = (error) => process.stderr.write(`client error: ${error?.stack ?? error}\n`);
+  return client;
 }

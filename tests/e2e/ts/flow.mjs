@@ -24,7 +24,7 @@
 // 2 = usage, 3 = timeout, 4 = the tool call did not answer with a task).
 // --trace writes every HTTP request and response message the transport exchanges to stderr.
 
-import { Client, StreamableHTTPClientTransport } from '@modelcontextprotocol/client';
+import { StreamableHTTPClientTransport } from '@modelcontextprotocol/client';
 
 import {
   DetailedTaskResult,
@@ -34,6 +34,7 @@ import {
   TERMINAL,
   emit,
   tracingFetch,
+  tasksClient,
 } from './common.mjs';
 const ACK = 'notifications/subscriptions/acknowledged';
 
@@ -76,15 +77,7 @@ async function main() {
     process.exit(3);
   }, timeoutMs);
 
-  const client = new Client(
-    { name: 'taskhub-ts-flow', version: '0.0.0' },
-    {
-      // The tasks extension is declared in every request's _meta clientCapabilities.
-      capabilities: { extensions: { [TASKS_EXT]: {} } },
-      versionNegotiation: { mode: { pin: PROTOCOL } },
-    },
-  );
-  client.onerror = (error) => process.stderr.write(`client error: ${error?.stack ?? error}\n`);
+  const client = tasksClient('taskhub-ts-flow');
 
   // notifications/tasks is an extension notification: registered with an explicit schema.
   // Frames are queued; they are read only once listen() resolved (so stdout is ack-first).

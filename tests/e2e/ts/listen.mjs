@@ -16,7 +16,7 @@
 // message on stderr and a non-zero exit (1 = error, 2 = usage, 3 = timeout).
 // --trace writes every HTTP request and response message the transport exchanges to stderr.
 
-import { Client, StreamableHTTPClientTransport } from '@modelcontextprotocol/client';
+import { StreamableHTTPClientTransport } from '@modelcontextprotocol/client';
 
 import {
   DetailedTaskResult,
@@ -26,6 +26,7 @@ import {
   TERMINAL,
   emit,
   tracingFetch,
+  tasksClient,
 } from './common.mjs';
 
 function usage(message) {
@@ -54,15 +55,7 @@ async function main() {
     process.exit(3);
   }, timeoutMs);
 
-  const client = new Client(
-    { name: 'taskhub-ts-e2e', version: '0.0.0' },
-    {
-      // The tasks extension is declared in the per-request _meta clientCapabilities.
-      capabilities: { extensions: { [TASKS_EXT]: {} } },
-      versionNegotiation: { mode: { pin: PROTOCOL } },
-    },
-  );
-  client.onerror = (error) => process.stderr.write(`client error: ${error?.stack ?? error}\n`);
+  const client = tasksClient('taskhub-ts-e2e');
 
   let finished;
   const terminal = new Promise((resolve) => (finished = resolve));
