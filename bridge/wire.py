@@ -211,18 +211,19 @@ def decode_control(data: bytes) -> ControlMessage:
 
 EVENT_SUBJECT_PREFIX = "mcp.events."
 SERVICE_RE = SERVER_ID_RE  # a service names the upstream its servers stand behind
-# The subject's last two tokens → the notification a listen stream gets.
-EVENT_METHODS: dict[str, str] = {
-    "tools.list_changed": "notifications/tools/list_changed",
-    "prompts.list_changed": "notifications/prompts/list_changed",
-    "resources.list_changed": "notifications/resources/list_changed",
-    "resources.updated": "notifications/resources/updated",
+# The subject's last two tokens → (the hub's short name for the kind, the notification a
+# listen stream gets). The one table of event kinds.
+EVENT_KINDS: dict[str, tuple[str, str]] = {
+    "tools.list_changed": ("tools", "notifications/tools/list_changed"),
+    "prompts.list_changed": ("prompts", "notifications/prompts/list_changed"),
+    "resources.list_changed": ("resources", "notifications/resources/list_changed"),
+    "resources.updated": ("resource", "notifications/resources/updated"),
 }
 MAX_URI_BYTES = 8192
 
 
 def event_subject(service: str, kind: str) -> str:
-    """`mcp.events.<service>.<kind>`, kind one of `EVENT_METHODS`."""
+    """`mcp.events.<service>.<kind>`, kind one of `EVENT_KINDS`."""
     return f"{EVENT_SUBJECT_PREFIX}{service}.{kind}"
 
 

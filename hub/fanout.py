@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterable
 
+from bridge.wire import EVENT_KINDS
 from hub.cache import TaskSnapshot
 from hub.frames import event_frame
 from hub.metrics import Metrics
@@ -28,12 +29,7 @@ from hub.subscriber import EndReason, Subscriber
 
 # (service, kind, uri): kind "tools", "prompts", "resources" (uri "") or "resource" (a URI).
 EventKey = tuple[str, str, str]
-_METHODS = {
-    "tools": b"notifications/tools/list_changed",
-    "prompts": b"notifications/prompts/list_changed",
-    "resources": b"notifications/resources/list_changed",
-    "resource": b"notifications/resources/updated",
-}
+_METHODS = {kind: method.encode() for kind, method in EVENT_KINDS.values()}
 
 
 class Fanout:

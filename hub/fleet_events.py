@@ -23,7 +23,7 @@ from typing import Any
 from msgspec import UNSET
 
 from bridge.wire import (
-    EVENT_METHODS,
+    EVENT_KINDS,
     EVENT_SUBJECT_PREFIX,
     SERVICE_RE,
     InvalidEnvelope,
@@ -35,13 +35,6 @@ from hub.metrics import Metrics
 log = logging.getLogger("taskhub.events")
 
 ResourceRule = Callable[[str, str, str], bool]
-_KINDS = {
-    "tools.list_changed": "tools",
-    "prompts.list_changed": "prompts",
-    "resources.list_changed": "resources",
-    "resources.updated": "resource",
-}
-assert _KINDS.keys() == EVENT_METHODS.keys()
 
 
 def any_caller_any_uri(principal: str, service: str, uri: str) -> bool:
@@ -93,7 +86,7 @@ class EventSource:
     def receive(self, subject: str, data: bytes) -> None:
         """One event off NATS: delivered, or dropped and counted by reason."""
         service, _, kind = subject[len(EVENT_SUBJECT_PREFIX) :].partition(".")
-        if not SERVICE_RE.fullmatch(service) or kind not in _KINDS:
+        if not SERVICE_RE.fullmatch(service) or kind not in EVENT_KINDS:
             self.metrics.events_rejected.inc(1, "subject")
             return
         uri, principals = "", None
@@ -106,5 +99,6 @@ class EventSource:
                 return
             uri = event.uri
             principals = None if event.principals is UNSET else event.principals
-        self.metrics.events_received.inc(1, _KINDS[kind])
-        self.fanout.publish_event(service, _KINDS[kind], uri, principals)
+        short = EVENT_KINDS[kind][0]
+        self.metrics.events_received.inc(1, short)
+        self.fanout.publish_event(service, short, uri, principals)
