@@ -107,6 +107,10 @@ class Metrics:
         self.read_through = Counter(
             "taskhub_read_through_total", "cache misses read from the KV leader", ("found",)
         )
+        self.stale_reads = Counter(
+            "taskhub_stale_reads_total",
+            "read-through misses answered from behind the hub's view, asked again",
+        )
         self.rewatches = Counter(
             "taskhub_nats_rewatches_total", "bucket watches resumed after a NATS reconnect"
         )

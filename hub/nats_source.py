@@ -9,7 +9,9 @@ and nothing undelivered. Only then is the hub ready.
 
 A miss reads the key from the stream leader (`STREAM.MSG.GET`, not a direct get that
 a lagging follower could answer), so a task created anywhere is found everywhere
-(invariant 1, H44).
+(invariant 1, H44). "Not found" is believed only from a store at least as new as
+anything this hub has seen: a deposed leader (paused, then resumed) answers from its old
+store until it learns of the new term, and that answer must not become a false -32602.
 """
 
 from __future__ import annotations
@@ -45,8 +47,17 @@ log = logging.getLogger("taskhub.nats")
 
 # The server deletes a watch consumer this long after its hub went away.
 INACTIVE_CONSUMER_S = 10.0
-# How often a ready hub checks that its watch consumer still delivers.
-WATCH_CHECK_S = 1.0
+# How often a ready hub checks that its watch consumer still delivers, how long it waits
+# for the answer, and how many checks in a row may see pending messages not delivered.
+WATCH_CHECK_S = 0.5
+WATCH_CHECK_TIMEOUT_S = 1.0
+WATCH_STUCK_CHECKS = 3
+# So a ready hub is at most this far behind its bucket (documented in the README).
+WATCH_STALE_BOUND_S = max(
+    WATCH_CHECK_S + WATCH_CHECK_TIMEOUT_S, (WATCH_STUCK_CHECKS + 1) * WATCH_CHECK_S
+)
+# How long a miss waits for a store answer at least as new as the hub's view.
+CONFIRM_MISS_S = 2.0
 
 
 def read_sync_policy(monitor_url: str, timeout: float) -> str | None:
@@ -109,6 +120,7 @@ class NatsSource:
         self._caught_up = asyncio.Event()
         self._catch_up_seq = 0  # stream sequence the cache must reach to be current
         self._applied_seq = 0  # highest stream sequence applied from the watch
+        self._seen_seq = 0  # highest stream sequence any store answer showed
         self._catch_up_task: asyncio.Task[None] | None = None
         self._closing = False
         self._rewatch_task: asyncio.Task[None] | None = None
@@ -179,27 +191,33 @@ class NatsSource:
 
         The watch consumer lives on one NATS node, not necessarily the one we are
         connected to: if that node dies, nothing disconnects and nothing arrives. Ready
-        means caught up, so a consumer that cannot be asked, or that has messages
-        pending but delivers none for two checks running, is replaced, not trusted.
+        means caught up, so a consumer that cannot be asked within WATCH_CHECK_TIMEOUT_S,
+        or that has messages pending but delivered none for WATCH_STUCK_CHECKS checks
+        running, is replaced, not trusted: a ready hub is at most WATCH_STALE_BOUND_S
+        behind its bucket, and `/readyz` is 503 until the new watch has caught up.
         """
-        misses, last_delivered = 0, -1
+        stuck, last_delivered = 0, -1
         while not self._closing:
             await asyncio.sleep(WATCH_CHECK_S)
             sub = self._sub
             if not self.ready or sub is None:
-                misses, last_delivered = 0, -1
+                stuck, last_delivered = 0, -1
                 continue
             try:
-                info = await sub.consumer_info()
-            except Exception:
-                misses += 1
-            else:
-                delivered = info.delivered.stream_seq
-                stuck = info.num_pending > 0 and delivered == last_delivered
-                misses, last_delivered = (misses + 1 if stuck else 0), delivered
-            if misses >= 2:
+                async with asyncio.timeout(WATCH_CHECK_TIMEOUT_S):
+                    info = await sub.consumer_info()
+            except Exception as exc:
+                if sub is self._sub and self.ready:
+                    log.warning("bucket watch consumer unreachable (%s); re-watching", exc)
+                    stuck, last_delivered = 0, -1
+                    self._restart_watch()
+                continue
+            delivered = info.delivered.stream_seq
+            stuck = stuck + 1 if info.num_pending > 0 and delivered == last_delivered else 0
+            last_delivered = delivered
+            if stuck >= WATCH_STUCK_CHECKS:
                 log.warning("bucket watch stopped delivering; re-watching")
-                misses, last_delivered = 0, -1
+                stuck, last_delivered = 0, -1
                 self._restart_watch()
 
     async def wait_caught_up(self, timeout: float | None = None) -> None:
@@ -223,12 +241,13 @@ class NatsSource:
                 # The bucket was deleted and made anew: what we hold describes nothing.
                 log.warning("bucket stream was reset; re-reading every task")
                 self.cache.reset()
-                self._applied_seq = 0
+                self._applied_seq = self._seen_seq = 0
             config = api.ConsumerConfig(
                 deliver_policy=api.DeliverPolicy.LAST_PER_SUBJECT,
                 inactive_threshold=INACTIVE_CONSUMER_S,
             )
         self._catch_up_seq = last_seq
+        self._seen_seq = max(self._seen_seq, last_seq)
         self._sub = await self.js.subscribe(
             f"$KV.{self.bucket}.>",
             stream=self.stream,
@@ -293,15 +312,52 @@ class NatsSource:
             self._mark_caught_up()
 
     async def read_store(self, task_id: str) -> Any:
-        """The key's raw last message from the stream leader, or None."""
+        """The key's raw last message from the stream leader, or None once a store at
+        least as new as this hub's view shows it is not there.
+
+        Each try asks two things at once: the key's last message, and the stream's state
+        filtered to the key (presence and last sequence from one store, in one answer). A
+        miss stands only if that state shows the key absent as of a sequence no older than
+        the newest this hub has seen (its watch, earlier answers); else the answer came
+        from behind (a deposed leader) and is asked again, until CONFIRM_MISS_S has passed
+        and the read fails as unavailable, to be retried by the client. Every read costs
+        the same two requests, found or not (H46's timing class).
+        """
+        subject = kv_subject(self.bucket, task_id)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + CONFIRM_MISS_S
+        pause = 0.05
+        while True:
+            try:
+                raw, info = await asyncio.gather(
+                    self._last_message(subject),
+                    self.js.stream_info(self.stream, subjects_filter=subject),
+                )
+            except Exception as exc:  # no leader for a moment, a timeout, a reconnect
+                failure = f"task store unavailable: {type(exc).__name__}"
+                cause: Exception | None = exc
+            else:
+                state = info.state
+                if raw is not None:
+                    self._seen_seq = max(self._seen_seq, raw.seq or 0)
+                    return raw
+                present = bool(state.subjects and state.subjects.get(subject))
+                if not present and state.last_seq >= max(self._seen_seq, self._applied_seq):
+                    self._seen_seq = state.last_seq
+                    return None
+                self.metrics.stale_reads.inc()
+                failure = "task store answered from behind this hub's view; retry"
+                cause = None
+            if loop.time() + pause > deadline:
+                raise StoreUnavailable(failure) from cause
+            await asyncio.sleep(pause)
+            pause = min(2 * pause, 0.5)
+
+    async def _last_message(self, subject: str) -> Any:
         try:
-            return await self.js.get_msg(
-                self.stream, subject=kv_subject(self.bucket, task_id), direct=False
-            )
+            return await self.js.get_msg(self.stream, subject=subject, direct=False)
         except NotFoundError:
             return None
-        except Exception as exc:
-            raise StoreUnavailable(f"task store unavailable: {type(exc).__name__}") from exc
 
     async def read_through(self, task_id: str) -> TaskSnapshot | None:
         """The task's current snapshot, from the cache or else from the KV leader."""

@@ -6,13 +6,21 @@ control lines). `lose_replies(after=b"HPUB $KV.", count=2)` drops the next `coun
 messages delivered to the client's `_INBOX` subjects once the client has sent a line
 starting with `after`: the ack of a JetStream publish and the reply to the read that
 follows it, the "ack lost, read-back failed" fault of a deposed or partitioned leader.
+
+`rewrite_replies(prefix, rewrite)` replaces the server's reply to each request whose
+subject starts with `prefix` by `rewrite(subject, reply)`: the answer of a deposed leader
+from its old store. `hold_deliveries()` keeps JetStream push deliveries (and heartbeats on
+their subjects) from the client until `release_deliveries()`: a watch running behind.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
+
+Rewrite = Callable[[bytes, bytes], bytes]  # (request subject, reply payload) → payload
 
 
 @dataclass
@@ -29,6 +37,12 @@ class NatsProxy:
         self.server: asyncio.Server | None = None
         self.plan: _Plan | None = None
         self.lost = asyncio.Event()  # set once the plan dropped all it was to drop
+        self.rewritten = 0  # replies replaced so far
+        self._rewrite: tuple[bytes, Rewrite] | None = None
+        self._requests: dict[bytes, bytes] = {}  # reply inbox → subject of its request
+        self._holding = False
+        self._deliver_subjects: set[bytes] = set()
+        self._held: list[tuple[asyncio.StreamWriter, bytes]] = []
         self._tasks: set[asyncio.Task[None]] = set()
 
     @property
@@ -39,6 +53,20 @@ class NatsProxy:
     def lose_replies(self, *, after: bytes, count: int) -> None:
         self.plan = _Plan(after, count)
         self.lost.clear()
+
+    def rewrite_replies(self, prefix: bytes, rewrite: Rewrite | None) -> None:
+        """Rewrite replies to requests on `prefix…` from now on; None stops it."""
+        self._rewrite = None if rewrite is None else (prefix, rewrite)
+
+    def hold_deliveries(self) -> None:
+        self._holding = True
+
+    async def release_deliveries(self) -> None:
+        self._holding = False
+        held, self._held = self._held, []
+        for writer, data in held:
+            writer.write(data)
+            await writer.drain()
 
     async def start(self) -> None:
         self.server = await asyncio.start_server(self._accept, "127.0.0.1", 0)
@@ -73,6 +101,11 @@ class NatsProxy:
             plan = self.plan
             if plan is not None and not plan.armed and line.startswith(plan.after):
                 plan.armed = True
+            if self._rewrite is not None and line.startswith((b"PUB ", b"HPUB ")):
+                parts = line.split()
+                has_reply = len(parts) == (4 if parts[0] == b"PUB" else 5)
+                if has_reply and parts[1].startswith(self._rewrite[0]):
+                    self._requests[parts[2]] = parts[1]
             writer.write(line)
             await writer.drain()
 
@@ -86,8 +119,30 @@ class NatsProxy:
                 payload = await reader.readexactly(size + 2)  # and its CRLF
                 if self._drop(line):
                     continue
+                line, payload = self._rewritten(line, payload)
+                if self._hold(writer, line + payload):
+                    continue
             writer.write(line + payload)
             await writer.drain()
+
+    def _rewritten(self, line: bytes, payload: bytes) -> tuple[bytes, bytes]:
+        """`MSG <subject> <sid> <size>`: a reply to a request being rewritten, replaced."""
+        parts = line.split()
+        request = self._requests.pop(parts[1], None)
+        if request is None or self._rewrite is None or parts[0] != b"MSG":
+            return line, payload
+        body = self._rewrite[1](request, payload[:-2])
+        self.rewritten += 1
+        return b" ".join([*parts[:-1], str(len(body)).encode()]) + b"\r\n", body + b"\r\n"
+
+    def _hold(self, writer: asyncio.StreamWriter, data: bytes) -> bool:
+        parts = data.split(b"\r\n", 1)[0].split()
+        if len(parts) >= 5 and parts[3].startswith(b"$JS.ACK."):
+            self._deliver_subjects.add(parts[1])  # a push consumer's deliveries go here
+        if not self._holding or parts[1] not in self._deliver_subjects:
+            return False
+        self._held.append((writer, data))
+        return True
 
     def _drop(self, line: bytes) -> bool:
         plan = self.plan
