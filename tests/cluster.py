@@ -24,7 +24,7 @@ import httpx
 import nats
 from nats.js import api
 
-from hub.embedded_nats import NatsServerProcess
+from hub.embedded_nats import NatsServerProcess, die_with_parent
 from tests.helpers import eventually
 
 CLUSTER_NAME = "taskhub-faults"
@@ -39,7 +39,15 @@ def free_port() -> int:
 class ClusterNode(NatsServerProcess):
     """One cluster member: `NatsServerProcess` plus its name, cluster port and routes."""
 
-    def __init__(self, data_dir: Path, name: str, cluster_port: int, routes: list[int]) -> None:
+    def __init__(
+        self,
+        data_dir: Path,
+        name: str,
+        cluster_port: int,
+        routes: list[int],
+        *,
+        advertise: bool = True,
+    ) -> None:
         self.monitor_port = free_port()
         super().__init__(
             data_dir,
@@ -54,6 +62,8 @@ class ClusterNode(NatsServerProcess):
                 f"nats://127.0.0.1:{cluster_port}",
                 "--routes",
                 ",".join(f"nats://127.0.0.1:{port}" for port in routes),
+                # Without advertising, clients keep to the URLs they were given (a proxy).
+                *([] if advertise else ["--no_advertise"]),
             ],
         )
         self.name = name
@@ -78,7 +88,7 @@ class ClusterNode(NatsServerProcess):
 class NatsCluster:
     """Three (by default) JetStream nodes on loopback, routed to each other."""
 
-    def __init__(self, root: Path, size: int = 3) -> None:
+    def __init__(self, root: Path, size: int = 3, *, advertise: bool = True) -> None:
         cluster_ports = [free_port() for _ in range(size)]
         self.nodes = [
             ClusterNode(
@@ -86,6 +96,7 @@ class NatsCluster:
                 f"n{i}",
                 cluster_ports[i],
                 [port for j, port in enumerate(cluster_ports) if j != i],
+                advertise=advertise,
             )
             for i in range(size)
         ]
@@ -218,6 +229,7 @@ class HubProcess:
             stdout=self._log,
             stderr=subprocess.STDOUT,
             env=self.env,
+            preexec_fn=die_with_parent if sys.platform == "linux" else None,
         )
 
     async def ready(self, client: httpx.AsyncClient) -> bool:
