@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
 from tests.e2e import npm
+from tests.e2e.mcpdo import Mcpdo
+
+
+@pytest.fixture(scope="session")
+def node() -> str:
+    """Node 22, with every pinned npm package installed in tests/e2e/ts (npm.PINNED)."""
+    return npm.node()
 
 
 @pytest.fixture(params=npm.TARGETS)
@@ -17,3 +26,17 @@ async def client_url(
     """The URL a real client is given: the fleet server alone, or the hub in front of it."""
     async with npm.open_target(request.param, nats_url, bucket, server_id, tmp_path) as target:
         yield target
+
+
+@pytest.fixture
+async def mcpdo(node: str) -> AsyncIterator[Mcpdo]:
+    """A private mcpdo daemon for one test (tests/e2e/mcpdo.py)."""
+    # A short private root: the daemon's unix socket lives in it.
+    root = Path(tempfile.mkdtemp(prefix="mcpdo-"))
+    client = Mcpdo(node, root)
+    try:
+        await client.start_daemon()
+        yield client
+    finally:
+        await client.stop_daemon()
+        shutil.rmtree(root, ignore_errors=True)

@@ -51,12 +51,6 @@ ELICIT = {
 }
 
 
-@pytest.fixture(scope="session")
-def node() -> str:
-    """Node 22, with `@modelcontextprotocol/client` 2.4.0 installed in tests/e2e/ts."""
-    return npm.node()
-
-
 @pytest.fixture
 async def bridge(nc: Any, server_id: str, bucket: str) -> AsyncIterator[TaskBridge]:
     async with await TaskBridge.attach(nc, server_id, bucket=bucket) as b:
