@@ -19,17 +19,20 @@ from starlette.types import Receive, Scope, Send
 
 from hub.config import Config
 from hub.endpoint import McpEndpoint, Reply
+from hub.legacy.endpoint import LegacyEndpoint
+from hub.legacy.sessions import Sessions
 from hub.runtime import Hub
 from hub.upstream import Pool, Upstream
 
 log = logging.getLogger("taskhub.http")
+Endpoint = McpEndpoint | LegacyEndpoint
 
 
 class HubApp:
     """MCP endpoints straight to their `McpEndpoint`; the few other routes and the lifespan
     to Starlette. `/mcp` always, and `/servers/NAME/mcp` for each named upstream."""
 
-    def __init__(self, hub: Hub, endpoints: dict[str, McpEndpoint], rest: Starlette) -> None:
+    def __init__(self, hub: Hub, endpoints: dict[str, Endpoint], rest: Starlette) -> None:
         self.hub = hub
         self.endpoints = endpoints
         self.rest = rest
@@ -45,20 +48,29 @@ class HubApp:
         """For the hub's connections (hub/connection.py): a whole MCP request answered
         without an ASGI task when it needs no I/O; None otherwise."""
         endpoint = self.endpoints.get(scope["path"])
-        return None if endpoint is None else endpoint.answer_now(scope, body)
+        if endpoint is None or isinstance(endpoint, LegacyEndpoint):
+            return None  # the legacy door always takes the ASGI path
+        return endpoint.answer_now(scope, body)
 
 
 def create_app(config: Config, nats_url: str, hub: Hub | None = None) -> HubApp:
     """The hub as an ASGI app; `hub` may be passed in to share it with the caller."""
     hub = hub or Hub(config, nats_url)
     pool = Pool(config.upstream_timeout)
-    endpoints = {"/mcp": McpEndpoint(hub)}
+    sessions = Sessions(hub, config.bucket, config.replicas)
+    endpoints: dict[str, Endpoint] = {
+        "/mcp": McpEndpoint(hub),
+        "/legacy/mcp": LegacyEndpoint(hub, sessions, None, "/mcp"),
+    }
     for spec in config.upstreams:
-        endpoints[spec.path] = McpEndpoint(hub, Upstream(spec, pool, hub.metrics))
+        upstream = Upstream(spec, pool, hub.metrics)
+        endpoints[spec.path] = McpEndpoint(hub, upstream)
+        endpoints[spec.legacy_path] = LegacyEndpoint(hub, sessions, upstream, spec.path)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         await hub.start()
+        await sessions.start()
         log.info("hub serving bucket %r", config.bucket)
         for spec in config.upstreams:
             log.info("front door: %s forwards to %s", spec.path, spec.url)

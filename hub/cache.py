@@ -96,6 +96,11 @@ class TaskCache:
             return None
         return snapshot
 
+    def owned_by(self, owner: str) -> list[TaskSnapshot]:
+        """Every live task of `owner` (a scan: the legacy `tasks/list` is its one user)."""
+        now = self._clock()
+        return [s for s in self._tasks.values() if s.owner == owner and not s.expired(now)]
+
     def apply_put(self, key: str, revision: int, data: bytes) -> TaskSnapshot | None:
         """Ingest one KV value; returns the new snapshot if it was accepted."""
         try:

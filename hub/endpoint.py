@@ -116,7 +116,7 @@ class McpEndpoint:
     ) -> Reply | Responder:
         config = self.config
         try:
-            body = await _read_body(scope, receive, config.max_body_bytes, config.body_timeout)
+            body = await read_body(scope, receive, config.max_body_bytes, config.body_timeout)
         except BodyError as exc:
             return _body_refused(exc, cors)
         request = self._parse(headers, body, cors)
@@ -205,18 +205,7 @@ class McpEndpoint:
             return _error(None, err, challenge, outcome=str(exc.status))
 
     def _authenticate(self, headers: Mapping[str, str]) -> Identity:
-        authenticator = self.hub.authenticator
-        if authenticator is None:
-            return ANONYMOUS
-        credentials = credentials_from(
-            "POST",
-            headers,
-            own_origin=self.config.own_origin,
-            allowed_origins=self.cors_origins,
-        )
-        if credentials is None:
-            raise AuthError.missing()
-        return authenticator.authenticate(credentials[0])
+        return authenticate(self.hub, "POST", headers, self.cors_origins)
 
     def _parse(
         self, headers: Mapping[str, str], body: bytes, cors: RawHeaders
@@ -257,6 +246,23 @@ class McpEndpoint:
     async def _reply(self, scope: Scope, send: Send, reply: Reply) -> None:
         self.hub.metrics.requests.inc(1, reply.method, reply.outcome)
         await respond(scope, send, reply.status, reply.body, reply.headers)
+
+
+def authenticate(
+    hub: Hub, method: str, headers: Mapping[str, str], cors_origins: frozenset[str]
+) -> Identity:
+    """Who is asking (raises AuthError): anonymous without authentication, else the
+    principal of the credentials (H67; cookies only from an allowed origin)."""
+    authenticator = hub.authenticator
+    if authenticator is None:
+        return ANONYMOUS
+    config = hub.config
+    credentials = credentials_from(
+        method, headers, own_origin=config.own_origin, allowed_origins=cors_origins
+    )
+    if credentials is None:
+        raise AuthError.missing()
+    return authenticator.authenticate(credentials[0])
 
 
 async def respond(scope: Scope, send: Send, status: int, body: bytes, headers: RawHeaders) -> None:
@@ -320,7 +326,7 @@ def _adding(send: Send, headers: RawHeaders) -> Send:
     return send_with_headers
 
 
-async def _read_body(scope: Scope, receive: Receive, limit: int, timeout: float) -> bytes:
+async def read_body(scope: Scope, receive: Receive, limit: int, timeout: float) -> bytes:
     """The whole request body, within `limit` bytes and `timeout` seconds (slowloris)."""
     connection = connection_of(scope)
     if connection is not None and connection.body_received(scope):

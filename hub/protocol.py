@@ -25,6 +25,9 @@ from hub.jsonrpc import RequestId, RpcError, shorten
 TASK_METHODS = frozenset({"tasks/get", "tasks/update", "tasks/cancel"})
 # H18: tasks/result and tasks/list are legacy; under 2026-07-28 they are unknown methods.
 METHODS = frozenset({"server/discover", "subscriptions/listen", *TASK_METHODS})
+# Never forwarded, even with an upstream: the hub answers them itself (-32022, -32601), so no
+# 2025-11-25 shape reaches modern traffic; their clients have the legacy door (docs/legacy.md).
+LEGACY_METHODS = frozenset({"initialize", "tasks/list", "tasks/result"})
 
 
 # subscriptions/listen filters for fleet change events (docs/fleet-events.md): field → kind.
@@ -113,7 +116,10 @@ def parse_request(
     its JSON-RPC envelope only: the upstream validates what it serves.
     """
     call = _read_envelope(body)
-    if upstream and (isinstance(call, Notification) or call.method not in METHODS):
+    if upstream and (
+        isinstance(call, Notification)
+        or (call.method not in METHODS and call.method not in LEGACY_METHODS)
+    ):
         return Forward(call.method, None if isinstance(call, Notification) else call.id)
     if isinstance(call, Notification):
         return call
@@ -163,11 +169,19 @@ def _read_envelope(body: bytes) -> _Call | Notification:
 def _validate(headers: Mapping[str, str], call: _Call) -> Request:
     """Steps 6–14; raises RpcError."""
     if call.method == "initialize":
-        # H76: a pre-2026 client; name the versions we speak so it can tell why.
+        # H76: removed in 2026-07-28, so 404 -32601 (the conformance suite's SEP-2575
+        # check); the data names the versions spoken here, and the message the legacy door.
         params = call.params if isinstance(call.params, dict) else {}
         requested = params.get("protocolVersion")
-        raise jsonrpc.unsupported_version(
-            requested if isinstance(requested, str) else "", SUPPORTED_VERSIONS
+        raise RpcError(
+            jsonrpc.METHOD_NOT_FOUND,
+            "Method not found: initialize (removed in 2026-07-28; 2025-11-25 clients: "
+            "the legacy endpoint beside this one, /legacy/mcp)",
+            {
+                "supported": list(SUPPORTED_VERSIONS),
+                "requested": requested if isinstance(requested, str) else "",
+            },
+            http_status=404,
         )
     header_version = headers.get(_VERSION_HEADER)
     if header_version is None:  # H8: this hub serves no pre-2025-06-18 clients

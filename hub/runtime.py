@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
 
 from hub.auth import Authenticator
 from hub.cache import Rejected, TaskCache, TaskSnapshot
@@ -34,6 +35,8 @@ class Hub:
         )
         # Requests waiting for a task's next revision (tasks/update, read-your-update).
         self._waiters: dict[str, set[asyncio.Future[TaskSnapshot | None]]] = {}
+        # Whoever follows every task of one owner (the legacy door's notification streams).
+        self._owner_watchers: dict[str, set[Callable[[TaskSnapshot], None]]] = {}
         self.source = NatsSource(
             nats_url,
             config.bucket,
@@ -118,10 +121,28 @@ class Hub:
         waiter.add_done_callback(forget)
         return waiter
 
+    def watch_owner(
+        self, owner: str, callback: Callable[[TaskSnapshot], None]
+    ) -> Callable[[], None]:
+        """Call `callback` with each accepted revision of `owner`'s tasks; returns the
+        function that stops it."""
+        watchers = self._owner_watchers.setdefault(owner, set())
+        watchers.add(callback)
+
+        def unwatch() -> None:
+            watchers.discard(callback)
+            if not watchers and self._owner_watchers.get(owner) is watchers:
+                del self._owner_watchers[owner]
+
+        return unwatch
+
     def _changed(self, snapshot: TaskSnapshot) -> None:
         self.fanout.publish(snapshot)
         if self._waiters:
             self._wake(snapshot.task_id, snapshot)
+        if self._owner_watchers:
+            for callback in list(self._owner_watchers.get(snapshot.owner, ())):
+                callback(snapshot)
 
     def _removed(self, task_id: str) -> None:
         self.fanout.forget(task_id)

@@ -77,6 +77,11 @@ class UpstreamSpec:
     def path(self) -> str:
         return "/mcp" if self.name is None else f"/servers/{self.name}/mcp"
 
+    @property
+    def legacy_path(self) -> str:
+        """Its 2025-11-25 door (hub/legacy/endpoint.py), beside `path`."""
+        return "/legacy/mcp" if self.name is None else f"/servers/{self.name}/legacy/mcp"
+
 
 class UpstreamError(Exception):
     """The upstream gave no usable answer: the JSON-RPC error and HTTP status to send."""
@@ -159,6 +164,33 @@ class Upstream:
         finally:
             await response.aclose()
         return response.status_code, _returned_headers(response), payload
+
+    async def exchange(
+        self, body: bytes, headers: list[tuple[bytes, bytes]], request_id: Any
+    ) -> Any:
+        """One request the hub makes itself (the legacy door's translations): the final
+        JSON-RPC answer to `request_id`, from a JSON reply or from an SSE stream's
+        messages (notifications and requests on that stream are not relayed)."""
+        request = self.pool.client.build_request(
+            "POST", self.spec.url, content=body, headers=headers
+        )
+        response = await self._send(request)
+        try:
+            if not _is_event_stream(response):
+                return await self._read_json(response)
+            async with asyncio.timeout(self.pool.timeout):
+                async for message in _sse_messages(response):
+                    if message.get("id") == request_id and (
+                        "result" in message or "error" in message
+                    ):
+                        return message
+        except TimeoutError:
+            raise self._failed(504, "timeout", "no answer on the stream in time") from None
+        except httpx.TransportError as exc:
+            raise self._failed(502, "reset", f"stream cut off ({_reason(exc)})") from None
+        finally:
+            await response.aclose()
+        raise self._failed(502, "invalid", "the stream ended without the answer")
 
     # -- the request ---------------------------------------------------------------------
 
@@ -368,6 +400,20 @@ def _acceptable(response: httpx.Response, content: bytes) -> bool:
     except msgspec.DecodeError:
         return False
     return isinstance(message, dict) and message.get("jsonrpc") == "2.0"
+
+
+async def _sse_messages(response: httpx.Response) -> Any:
+    """The JSON `data` of each SSE event of `response` (multi-line data joined)."""
+    data: list[str] = []
+    async for line in response.aiter_lines():
+        if line.startswith("data:"):
+            data.append(line[5:].removeprefix(" "))
+        elif not line and data:
+            with contextlib.suppress(msgspec.DecodeError):
+                message = msgspec.json.decode("\n".join(data))
+                if isinstance(message, dict):
+                    yield message
+            data = []
 
 
 def _reason(exc: Exception) -> str:

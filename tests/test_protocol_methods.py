@@ -48,8 +48,9 @@ def test_initialize_names_the_supported_versions(sent_headers: dict[str, str]) -
     body = {"jsonrpc": "2.0", "id": 1, "method": "initialize",
             "params": {"protocolVersion": "2025-11-25"}}  # fmt: skip
     exc = raises(sent_headers, encode(body))
-    assert (exc.error.code, exc.error.http_status) == (-32022, 400)
+    assert (exc.error.code, exc.error.http_status) == (-32601, 404)  # removed (SEP-2575)
     assert exc.error.data == {"supported": ["2026-07-28"], "requested": "2025-11-25"}
+    assert "/legacy/mcp" in exc.error.message
 
 
 @pytest.mark.parametrize("method", TASK_METHODS)

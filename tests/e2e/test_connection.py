@@ -60,7 +60,9 @@ async def served(nats_url: str, bucket: str, tmp_path: Path) -> AsyncIterator[Hu
 def counting(harness: HubHarness) -> CountingEndpoint:
     app = harness.server.config.loaded_app
     assert isinstance(app, HubApp)
-    counter = CountingEndpoint(app.endpoints["/mcp"])
+    endpoint = app.endpoints["/mcp"]
+    assert isinstance(endpoint, McpEndpoint)
+    counter = CountingEndpoint(endpoint)
     app.endpoints["/mcp"] = counter  # type: ignore[assignment]
     return counter
 

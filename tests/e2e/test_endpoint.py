@@ -128,13 +128,14 @@ async def test_legacy_initialize_is_told_the_supported_versions(hub: HubHarness)
         "params": {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {}},
     }
     response = await hub.client.post(hub.url + "/mcp", json=body)  # no 2026 headers at all
-    assert response.status_code == 400
+    assert response.status_code == 404
     assert response.json() == {
         "jsonrpc": "2.0",
         "id": 0,
         "error": {
-            "code": -32022,
-            "message": "Unsupported protocol version",
+            "code": -32601,
+            "message": "Method not found: initialize (removed in 2026-07-28; 2025-11-25 "
+            "clients: the legacy endpoint beside this one, /legacy/mcp)",
             "data": {"supported": ["2026-07-28"], "requested": "2025-11-25"},
         },
     }

@@ -30,6 +30,7 @@ from bridge.wire import CONTROL_STREAM, DEFAULT_BUCKET, control_subject, kv_stre
 from hub.cache import TaskCache
 from hub.config import Config
 from hub.embedded_nats import NatsServerProcess
+from hub.legacy.sessions import Sessions, ensure_sessions_bucket
 from hub.metrics import Metrics
 from hub.nats_source import NatsSource
 from tests.helpers import envelope, eventually, new_task_id
@@ -108,6 +109,7 @@ async def provisioned(cluster: Cluster) -> Cluster:
         js = nc.jetstream()
         await ensure_bucket(js, BUCKET)
         await ensure_control_stream(js)
+        await ensure_sessions_bucket(js, BUCKET)
     finally:
         await nc.close()
     return cluster
@@ -275,6 +277,27 @@ async def test_hub_cannot_write_the_bucket_or_consume_control(provisioned: Clust
     async with connect(provisioned, "admin") as admin:
         with pytest.raises(NotFoundError):
             await admin.nc.jetstream().get_msg(KV_STREAM, subject=kv_subject(BUCKET, task_id))
+
+
+async def test_hub_keeps_legacy_sessions_in_their_provisioned_bucket(
+    provisioned: Cluster, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING)
+    async with running_hub(provisioned) as source:
+
+        class HubLike:  # what Sessions needs of the hub: its NATS side
+            pass
+
+        hub = HubLike()
+        hub.source = source  # type: ignore[attr-defined]
+        sessions = Sessions(hub, BUCKET, 1)
+        await sessions.start()
+        assert sessions.kv is not None  # opened, not made: the hub may make no stream
+        session = await sessions.open("alice", {}, None)
+        assert await sessions.find(session.id, "alice") == session
+        await sessions.end(session)
+        assert await sessions.find(session.id, "alice") is None
+    no_violations_logged(caplog)
 
 
 async def test_limit_any_server_may_write_any_task_key(provisioned: Cluster) -> None:

@@ -1,0 +1,408 @@
+"""`/legacy/mcp`: session-based Streamable HTTP 2025-11-25, for clients of the old tasks.
+
+The adapter's one boundary (docs/legacy.md): legacy requests come in here, are answered
+from the same snapshot and control path as the modern ones, or translated
+(hub/legacy/vocabulary.py) and sent to the upstream as modern requests; nothing legacy
+reaches `/mcp`, and a modern request here is refused. What it serves:
+
+- POST `initialize` (no session yet): opens a session (hub/legacy/sessions.py) and
+  answers its id in `Mcp-Session-Id`; every later request must carry it (400 without,
+  404 for an unknown, ended or foreign one: initialize again);
+- POST requests: `ping`, `tasks/get`, `tasks/list`, `tasks/cancel`, `tasks/result`
+  (hub/legacy/methods.py, results.py), and with an upstream `tools/*`, `prompts/*`,
+  `resources/*`, `completion/complete`, `logging/setLevel`, translated;
+- POST notifications: 202; POST responses (answers to our input requests): 202, and the
+  answer goes to the owning server as a `tasks/update`;
+- GET: the session's stream of `notifications/tasks/status`, resumable with
+  `Last-Event-ID` on any replica (hub/legacy/notifications.py);
+- DELETE: ends the session.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import msgspec
+from starlette.types import Receive, Scope, Send
+
+from bridge.wire import UpdateMessage, control_message_id, encode
+from hub import jsonrpc
+from hub.auth import AuthError, Identity
+from hub.cors import is_preflight, preflight_headers
+from hub.cors import response_headers as cors_response_headers
+from hub.endpoint import BodyError, authenticate, read_body
+from hub.handlers import find_task
+from hub.headers import encode_header_value, header_map
+from hub.legacy import methods
+from hub.legacy.notifications import status_stream
+from hub.legacy.results import parse_input_request_id, stream_result
+from hub.legacy.sessions import Session, Sessions, SessionUnavailable
+from hub.legacy.vocabulary import (
+    LEGACY_VERSION,
+    TASKS_CAPABILITY,
+    created_result,
+    is_modern_request,
+    legacy_tools,
+    modern_params,
+    plain_result,
+)
+from hub.nats_source import StoreUnavailable
+from hub.runtime import Hub
+from hub.upstream import Upstream, UpstreamError
+
+RawHeaders = list[tuple[bytes, bytes]]
+JSON = (b"content-type", b"application/json")
+SESSION_HEADER = "mcp-session-id"
+# Methods sent on to the upstream, and the param its Mcp-Name header carries.
+FORWARDED: dict[str, str | None] = {
+    "tools/call": "name",
+    "tools/list": None,
+    "prompts/list": None,
+    "prompts/get": "name",
+    "resources/list": None,
+    "resources/templates/list": None,
+    "resources/read": "uri",
+    "completion/complete": None,
+    "logging/setLevel": None,
+}
+
+
+class Refusal(Exception):
+    """A request refused before any method ran, with its HTTP status."""
+
+    def __init__(
+        self, status: int, error: jsonrpc.RpcError, headers: RawHeaders | None = None
+    ) -> None:
+        super().__init__(error.message)
+        self.status = status
+        self.error = error
+        self.headers = headers or []
+
+
+class LegacyEndpoint:
+    def __init__(
+        self, hub: Hub, sessions: Sessions, upstream: Upstream | None, modern_path: str
+    ) -> None:
+        self.hub = hub
+        self.sessions = sessions
+        self.upstream = upstream
+        self.modern_path = modern_path  # named in the errors that send a client there
+        self.config = hub.config
+        self.cors_origins = frozenset(hub.config.cors_origins)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        headers = header_map(scope["headers"])
+        origin = headers.get("origin")
+        cors = [] if origin is None else self._cors(origin)
+        method = scope["method"]
+        if method not in ("POST", "GET", "DELETE"):
+            if is_preflight(method, headers):
+                allowed = preflight_headers(origin, self.cors_origins)
+                encoded = [(k.lower().encode(), v.encode("latin-1")) for k, v in allowed.items()]
+                await _respond(send, 204 if allowed else 403, b"", encoded)
+                return
+            await _respond(send, 405, b"", [(b"allow", b"POST, GET, DELETE"), *cors])
+            return
+        request_id: Any = None
+        label = "-"
+        outcome = "ok"
+        try:
+            identity = self._admit(headers, origin, method)
+            version = headers.get("mcp-protocol-version")
+            if version is not None and version.strip() != LEGACY_VERSION:
+                raise Refusal(
+                    400,
+                    jsonrpc.invalid_request(
+                        f"MCP-Protocol-Version {version.strip()!r}: this door speaks "
+                        f"{LEGACY_VERSION}; 2026-07-28 is served at {self.modern_path}"
+                    ),
+                )
+            if method == "DELETE":
+                session = await self._session(headers, identity)
+                await self.sessions.end(session)
+                await _respond(send, 204, b"", cors)
+                return
+            if method == "GET":
+                await self._get(headers, identity, receive, send, cors)
+                return
+            body = await read_body(
+                scope, receive, self.config.max_body_bytes, self.config.body_timeout
+            )
+            message = _message(body)
+            request_id = message.get("id")
+            label = _label(message.get("method"))
+            await self._post(message, headers, identity, receive, send, cors)
+        except Refusal as exc:
+            outcome = str(exc.status)
+            error = jsonrpc.encode_error(request_id, exc.error)
+            await _respond(send, exc.status, error, [JSON, *exc.headers, *cors])
+        except BodyError as exc:
+            outcome = str(exc.status)
+            refusal = jsonrpc.RpcError(jsonrpc.INVALID_REQUEST, str(exc))
+            close = [(b"connection", b"close")] if exc.status == 408 else []
+            body = jsonrpc.encode_error(None, refusal)
+            await _respond(send, exc.status, body, [JSON, *close, *cors])
+        except jsonrpc.RpcError as err:
+            outcome = str(err.code)
+            await _respond(
+                send, err.http_status, jsonrpc.encode_error(request_id, err), [JSON, *cors]
+            )
+        except SessionUnavailable as exc:
+            outcome = "503"
+            error = jsonrpc.encode_error(request_id, jsonrpc.internal_error(str(exc)))
+            await _respond(send, 503, error, [JSON, *cors])
+        finally:
+            self.hub.metrics.requests.inc(1, label, outcome)
+
+    # -- admission -----------------------------------------------------------------------
+
+    def _admit(self, headers: Mapping[str, str], origin: str | None, method: str) -> Identity:
+        if origin is not None and not self.config.origin_allowed(origin):
+            raise Refusal(403, jsonrpc.RpcError(jsonrpc.INVALID_REQUEST, "Origin not allowed"))
+        try:
+            return authenticate(self.hub, method, headers, self.cors_origins)
+        except AuthError as exc:
+            message = "Unauthorized" + (f": {exc.description}" if exc.description else "")
+            challenge = [(b"www-authenticate", exc.www_authenticate().encode())]
+            raise Refusal(
+                exc.status, jsonrpc.RpcError(jsonrpc.UNAUTHORIZED, message), challenge
+            ) from None
+
+    async def _session(self, headers: Mapping[str, str], identity: Identity) -> Session:
+        session_id = headers.get(SESSION_HEADER)
+        if session_id is None:
+            raise Refusal(400, jsonrpc.invalid_request("Missing Mcp-Session-Id: initialize first"))
+        session = await self.sessions.find(session_id.strip(), identity.principal)
+        if session is None:
+            raise Refusal(404, jsonrpc.invalid_request("Session not found: initialize again"))
+        return session
+
+    # -- GET -----------------------------------------------------------------------------
+
+    async def _get(
+        self,
+        headers: Mapping[str, str],
+        identity: Identity,
+        receive: Receive,
+        send: Send,
+        cors: RawHeaders,
+    ) -> None:
+        if "text/event-stream" not in headers.get("accept", ""):
+            raise Refusal(406, jsonrpc.invalid_request("GET needs Accept: text/event-stream"))
+        session = await self._session(headers, identity)
+        raw = headers.get("last-event-id")
+        last_event_id = None
+        if raw is not None:
+            if not raw.strip().isdigit():
+                raise Refusal(400, jsonrpc.invalid_request("Last-Event-ID is not one of ours"))
+            last_event_id = int(raw)
+        await status_stream(self.hub, session, last_event_id, receive, send, cors)
+
+    # -- POST ----------------------------------------------------------------------------
+
+    async def _post(
+        self,
+        message: dict[str, Any],
+        headers: Mapping[str, str],
+        identity: Identity,
+        receive: Receive,
+        send: Send,
+        cors: RawHeaders,
+    ) -> None:
+        method = message.get("method")
+        params = message.get("params") or {}
+        if not isinstance(params, dict):
+            raise jsonrpc.invalid_params("params must be an object")
+        if is_modern_request(params):
+            raise Refusal(
+                400,
+                jsonrpc.invalid_request(
+                    "This is the 2025-11-25 endpoint; send 2026-07-28 requests to "
+                    + self.modern_path
+                ),
+            )
+        if method == "initialize" and "id" in message:
+            await self._initialize(message["id"], params, identity, send, cors)
+            return
+        session = await self._session(headers, identity)
+        if method is None:  # a response: the answer to one of our input requests
+            if "id" not in message or ("result" not in message and "error" not in message):
+                raise Refusal(400, jsonrpc.invalid_request("Invalid request: no method"))
+            await self._input_answer(message, session)
+            await _respond(send, 202, b"", cors)
+            return
+        if "id" not in message:  # a notification (initialized, cancelled, ...)
+            await _respond(send, 202, b"", cors)
+            return
+        request_id = message["id"]
+        principal = session.principal
+        if method == "tasks/result":
+            snapshot = await methods.owned(self.hub, params, principal)
+            await stream_result(self.hub, snapshot.task_id, request_id, receive, send, cors)
+            return
+        result = await self._call(str(method), request_id, params, session, headers)
+        await _respond(send, 200, jsonrpc.encode_result(request_id, result), [JSON, *cors])
+
+    async def _initialize(
+        self,
+        request_id: Any,
+        params: dict[str, Any],
+        identity: Identity,
+        send: Send,
+        cors: RawHeaders,
+    ) -> None:
+        capabilities = params.get("capabilities")
+        client_info = params.get("clientInfo")
+        if not isinstance(capabilities, dict):
+            raise jsonrpc.invalid_params("initialize: params.capabilities must be an object")
+        session = await self.sessions.open(
+            identity.principal, capabilities, client_info if isinstance(client_info, dict) else None
+        )
+        server: dict[str, Any] = {"tasks": TASKS_CAPABILITY}
+        instructions = None
+        if self.upstream is not None:
+            server.update({"tools": {}, "prompts": {}, "resources": {}})
+            instructions = f"Tools of {self.upstream.spec.label} through the taskhub."
+        result: dict[str, Any] = {
+            "protocolVersion": LEGACY_VERSION,
+            "capabilities": server,
+            "serverInfo": jsonrpc.SERVER_INFO,
+        }
+        if instructions:
+            result["instructions"] = instructions
+        session_header = (b"mcp-session-id", session.id.encode())
+        expose = (b"access-control-expose-headers", b"Mcp-Session-Id")
+        answer = jsonrpc.encode_result(request_id, result)
+        await _respond(
+            send, 200, answer, [JSON, session_header, *([expose] if cors else []), *cors]
+        )
+
+    async def _call(
+        self,
+        method: str,
+        request_id: Any,
+        params: dict[str, Any],
+        session: Session,
+        headers: Mapping[str, str],
+    ) -> dict[str, Any]:
+        hub, principal = self.hub, session.principal
+        try:
+            if method == "ping":
+                return {}
+            if method == "tasks/get":
+                return await methods.tasks_get(hub, params, principal)
+            if method == "tasks/list":
+                return methods.tasks_list(hub, params, principal)
+            if method == "tasks/cancel":
+                return await methods.tasks_cancel(hub, params, principal, request_id)
+        except StoreUnavailable as exc:
+            raise jsonrpc.internal_error(str(exc)) from exc
+        if method in FORWARDED and self.upstream is not None:
+            return await self._forward(method, request_id, params, session, headers)
+        raise jsonrpc.method_not_found(method)
+
+    async def _forward(
+        self,
+        method: str,
+        request_id: Any,
+        params: dict[str, Any],
+        session: Session,
+        headers: Mapping[str, str],
+    ) -> dict[str, Any]:
+        """Send a legacy request upstream as a modern one; translate its answer back."""
+        assert self.upstream is not None
+        modern, wants_task = modern_params(params, session.capabilities, session.client_info)
+        body = msgspec.json.encode(
+            {"jsonrpc": "2.0", "id": request_id, "method": method, "params": modern}
+        )
+        out: RawHeaders = [
+            JSON,
+            (b"accept", b"application/json, text/event-stream"),
+            (b"mcp-protocol-version", b"2026-07-28"),
+            (b"mcp-method", method.encode()),
+        ]
+        name_param = FORWARDED[method]
+        if name_param is not None and isinstance(params.get(name_param), str):
+            out.append((b"mcp-name", encode_header_value(params[name_param]).encode()))
+        if "authorization" in headers:
+            out.append((b"authorization", headers["authorization"].encode("latin-1")))
+        label = self.upstream.spec.label
+        try:
+            answer = await self.upstream.exchange(body, out, request_id)
+        except UpstreamError as exc:
+            self.hub.metrics.upstream_requests.inc(1, label, exc.fault)
+            raise exc.rpc_error(label) from None
+        self.hub.metrics.upstream_requests.inc(1, label, "ok")
+        if not isinstance(answer, dict):
+            raise jsonrpc.internal_error(f"upstream {label} answered no JSON-RPC message")
+        if "error" in answer:
+            error = answer["error"]
+            if error.get("code") == jsonrpc.MISSING_CAPABILITY and method == "tools/call":
+                # The tool runs only as a task: 2025-11-25 says so with -32601.
+                raise jsonrpc.RpcError(
+                    jsonrpc.METHOD_NOT_FOUND, "Task augmentation required for tools/call requests"
+                )
+            raise jsonrpc.RpcError(
+                int(error.get("code", -32603)), str(error.get("message")), error.get("data")
+            )
+        result = answer.get("result")
+        if not isinstance(result, dict):
+            raise jsonrpc.internal_error(f"upstream {label} answered no result")
+        kind = result.get("resultType")
+        if kind == "task" and wants_task:
+            return created_result(result)
+        if kind in (None, "complete"):
+            return legacy_tools(result) if method == "tools/list" else plain_result(result)
+        raise jsonrpc.internal_error(
+            f"upstream {label} answered resultType {kind!r}: no 2025-11-25 client can follow it"
+        )
+
+    async def _input_answer(self, message: dict[str, Any], session: Session) -> None:
+        """A client's response to an input request of `tasks/result`: a `tasks/update`."""
+        parsed = parse_input_request_id(message.get("id"))
+        if parsed is None or not isinstance(message.get("result"), dict):
+            return  # not ours, or an error answer: the task stays waiting for input
+        task_id, key = parsed
+        snapshot = await find_task(self.hub, task_id, session.principal)
+        if snapshot is None or snapshot.terminal:
+            return
+        data = encode(UpdateMessage(task_id, {key: message["result"]}, session.principal))
+        msg_id = control_message_id(jsonrpc.encode_id(message["id"]), session.principal, data)
+        try:
+            await self.hub.source.publish_control(snapshot.server, data, msg_id)
+        except StoreUnavailable as exc:
+            raise jsonrpc.internal_error(str(exc)) from exc
+
+    def _cors(self, origin: str) -> RawHeaders:
+        allowed = cors_response_headers(origin, self.cors_origins)
+        return [(k.lower().encode(), v.encode("latin-1")) for k, v in allowed.items()]
+
+
+# The request metric's labels for the door: its own methods, the rest under one label.
+_LABELS = frozenset(
+    {"initialize", "ping", "tasks/get", "tasks/list", "tasks/cancel", "tasks/result", *FORWARDED}
+)
+
+
+def _label(method: Any) -> str:
+    if method is None:
+        return "legacy response"
+    return f"legacy {method}" if method in _LABELS else "legacy -"
+
+
+def _message(body: bytes) -> dict[str, Any]:
+    try:
+        message = msgspec.json.decode(body)
+    except msgspec.DecodeError:
+        raise Refusal(400, jsonrpc.parse_error()) from None
+    if not isinstance(message, dict) or message.get("jsonrpc") != "2.0":
+        raise Refusal(400, jsonrpc.invalid_request("Expected one JSON-RPC 2.0 message"))
+    return message
+
+
+async def _respond(send: Send, status: int, body: bytes, headers: RawHeaders) -> None:
+    if status not in (204, 304):
+        headers = [*headers, (b"content-length", b"%d" % len(body))]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
