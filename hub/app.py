@@ -22,6 +22,7 @@ from hub.endpoint import McpEndpoint, Reply
 from hub.legacy.endpoint import LegacyEndpoint
 from hub.legacy.sessions import Sessions
 from hub.runtime import Hub
+from hub.task_reads import get_task
 from hub.upstream import Pool, Upstream
 
 log = logging.getLogger("taskhub.http")
@@ -88,6 +89,9 @@ def create_app(config: Config, nats_url: str, hub: Hub | None = None) -> HubApp:
             return PlainTextResponse("ready\n")
         return PlainTextResponse("not ready\n", status_code=503)
 
+    async def task(request: HttpRequest) -> Response:
+        return await get_task(hub, request)
+
     async def metrics(request: HttpRequest) -> Response:
         return Response(hub.metrics.render(), media_type="text/plain; version=0.0.4")
 
@@ -96,6 +100,7 @@ def create_app(config: Config, nats_url: str, hub: Hub | None = None) -> HubApp:
             Route("/healthz", healthz),
             Route("/readyz", readyz),
             Route("/metrics", metrics),
+            Route("/tasks/{task_id}", task, methods=["GET"]),
         ],
         lifespan=lifespan,
     )

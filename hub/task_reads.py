@@ -1,0 +1,68 @@
+"""`GET /tasks/{taskId}`: a task's snapshot as plain, cacheable HTTP, for scripts and caches.
+
+The body is the same DetailedTask `tasks/get` answers (the snapshot's bytes, read through
+to NATS on a miss), with `ETag` = the revision (the KV stream sequence), 304 for a matching
+`If-None-Match`, and `Cache-Control: private, max-age` = the task's `pollIntervalMs` (the
+rate it asks to be polled at). Ownership is that of `tasks/get`: a foreign task is a 404
+exactly like an unknown one (H46). Credentials: a bearer token (a cookie counts on POST
+only, hub/auth.py). Origins as on `/mcp`: a foreign `Origin` is 403.
+"""
+
+from __future__ import annotations
+
+import math
+
+import msgspec
+from starlette.requests import Request
+from starlette.responses import Response
+
+from bridge.vocabulary import TASK_NOT_FOUND
+from hub import jsonrpc
+from hub.auth import AuthError
+from hub.endpoint import authenticate
+from hub.handlers import find_task
+from hub.runtime import Hub
+
+DEFAULT_MAX_AGE_S = 1  # for a task without pollIntervalMs
+
+
+def _error(status: int, code: int, message: str, headers: dict[str, str] | None = None) -> Response:
+    body = msgspec.json.encode({"error": {"code": code, "message": message}})
+    return Response(body, status, headers, media_type="application/json")
+
+
+async def get_task(hub: Hub, request: Request) -> Response:
+    origin = request.headers.get("origin")
+    if origin is not None and not hub.config.origin_allowed(origin):
+        return _error(403, jsonrpc.INVALID_REQUEST, "Origin not allowed")
+    try:
+        identity = authenticate(hub, "GET", request.headers, frozenset(hub.config.cors_origins))
+    except AuthError as exc:
+        message = "Unauthorized" + (f": {exc.description}" if exc.description else "")
+        challenge = {"www-authenticate": exc.www_authenticate()}
+        return _error(exc.status, jsonrpc.UNAUTHORIZED, message, challenge)
+    try:
+        snapshot = await find_task(hub, request.path_params["task_id"], identity.principal)
+    except jsonrpc.RpcError as err:  # NATS could not answer a read-through
+        return _error(503, err.code, err.message, {"retry-after": "1"})
+    vary = {"vary": "Authorization"}
+    if snapshot is None:
+        return _error(404, jsonrpc.INVALID_PARAMS, TASK_NOT_FOUND, vary)
+    interval = snapshot.poll_interval_ms
+    max_age = DEFAULT_MAX_AGE_S if interval is None else max(0, math.floor(interval / 1000))
+    headers = {
+        **vary,
+        "etag": f'"{snapshot.revision}"',
+        "cache-control": f"private, max-age={max_age}",
+    }
+    if _matches(request.headers.get("if-none-match"), snapshot.revision):
+        return Response(status_code=304, headers=headers)
+    return Response(snapshot.body, 200, headers, media_type="application/json")
+
+
+def _matches(if_none_match: str | None, revision: int) -> bool:
+    """RFC 9110 §13.1.2: `*`, or any listed tag, weak or strong, equal to the revision's."""
+    if if_none_match is None:
+        return False
+    tags = [tag.strip() for tag in if_none_match.split(",")]
+    return "*" in tags or any(tag.removeprefix("W/") == f'"{revision}"' for tag in tags)
