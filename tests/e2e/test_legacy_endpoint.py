@@ -23,6 +23,7 @@ from bridge import TaskBridge
 from examples.fleet import alpha
 from hub.upstream import UpstreamSpec
 from tests.cluster import free_port, taskhub_command
+from tests.e2e.test_front_door import hub_in_front
 from tests.helpers import HubHarness, eventually, fleet_server, headers_for, rpc, start_hub
 
 pytestmark = pytest.mark.timeout(60)
@@ -95,13 +96,11 @@ class LegacyClient:
 async def front(
     nats_url: str, bucket: str, server_id: str, tmp_path: Path
 ) -> AsyncIterator[HubHarness]:
-    async with fleet_server(alpha, nats_url, bucket, server_id) as url:
-        harness = await start_hub(nats_url, bucket, tmp_path, upstreams=(UpstreamSpec(None, url),))
-        try:
-            await harness.hub.source.wait_caught_up(10)
-            yield harness
-        finally:
-            await harness.stop()
+    async with (
+        fleet_server(alpha, nats_url, bucket, server_id) as url,
+        hub_in_front(nats_url, bucket, tmp_path, UpstreamSpec(None, url)) as harness,
+    ):
+        yield harness
 
 
 @pytest.fixture
