@@ -1,8 +1,9 @@
 """Wiring: the ASGI application and its lifespan.
 
 `/mcp` goes straight to its endpoint (hub/endpoint.py), before any Starlette layer, so
-the JSON-RPC fast path pays for no framework; Starlette serves the health, readiness
-and metrics routes and runs the lifespan that starts and stops the hub.
+the JSON-RPC fast path pays for no framework; Starlette serves the health, readiness and
+metrics routes, `GET /tasks/{taskId}`, the operator stream and the dashboard
+(docs/dashboard.md), and runs the lifespan that starts and stops the hub.
 """
 
 from __future__ import annotations
@@ -17,10 +18,12 @@ from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
+from hub import dashboard
 from hub.config import Config
 from hub.endpoint import McpEndpoint, Reply
 from hub.legacy.endpoint import LegacyEndpoint
 from hub.legacy.sessions import Sessions
+from hub.operator import OperatorStream
 from hub.runtime import Hub
 from hub.task_reads import get_task
 from hub.upstream import Pool, Upstream
@@ -101,6 +104,8 @@ def create_app(config: Config, nats_url: str, hub: Hub | None = None) -> HubApp:
             Route("/readyz", readyz),
             Route("/metrics", metrics),
             Route("/tasks/{task_id}", task, methods=["GET"]),
+            Route("/operator/stream", OperatorStream(hub)),
+            *dashboard.routes(),
         ],
         lifespan=lifespan,
     )

@@ -28,6 +28,9 @@ from joserfc.jwk import ECKey, Key, OctKey, RSAKey
 REALM = "taskhub"
 COOKIE_NAME = "taskhub_token"
 DEFAULT_LEEWAY_S = 30.0
+# The claim and value that make a caller an operator (docs/dashboard.md): `scope` as in
+# RFC 8693 §4.2, a space-separated string; a list of strings counts too.
+DEFAULT_OPERATOR_CLAIM = ("scope", "taskhub:operator")
 MIN_SECRET_BYTES = 32  # RFC 7518 §3.2: an HS256 key is at least as long as the hash
 _EC_ALGS = {"P-256": "ES256", "P-384": "ES384", "P-521": "ES512"}  # RFC 7518 §3.4
 _RSA_ALGS = frozenset({"RS256", "RS384", "RS512"})
@@ -69,6 +72,7 @@ class AuthSettings:
     jwt_issuer: str | None = None
     jwt_audience: str | None = None
     leeway_s: float = DEFAULT_LEEWAY_S
+    operator_claim: tuple[str, str] = DEFAULT_OPERATOR_CLAIM
 
 
 @dataclass(frozen=True)
@@ -76,6 +80,26 @@ class Identity:
     principal: str
     # When authenticate() would start refusing this token (exp + leeway); None if no exp.
     expires_at: float | None
+    # The token carries the operator claim: the operator stream shows every task.
+    operator: bool = False
+
+
+def parse_operator_claim(text: str) -> tuple[str, str]:
+    """`CLAIM=VALUE`, as `--operator-claim` takes it."""
+    claim, sep, value = text.partition("=")
+    claim, value = claim.strip(), value.strip()
+    if not (sep and claim and value):
+        raise ValueError(f"{text!r} is not CLAIM=VALUE, such as scope=taskhub:operator")
+    return claim, value
+
+
+def _holds(claims: Mapping[str, Any], claim: tuple[str, str]) -> bool:
+    """The claim holds the value: a space-separated string naming it, or a list with it."""
+    name, value = claim
+    held = claims.get(name)
+    if isinstance(held, str):
+        return value in held.split()
+    return isinstance(held, list) and value in held
 
 
 @dataclass(frozen=True)
@@ -173,6 +197,7 @@ class Authenticator:
         issuer: str | None = None,
         audience: str | None = None,
         leeway_s: float = DEFAULT_LEEWAY_S,
+        operator_claim: tuple[str, str] = DEFAULT_OPERATOR_CLAIM,
     ) -> None:
         if not keys:
             raise ValueError("an authenticator needs at least one key")
@@ -185,6 +210,7 @@ class Authenticator:
         self.issuer = issuer
         self.audience = audience
         self.leeway_s = float(leeway_s)
+        self.operator_claim = operator_claim
 
     @classmethod
     def from_settings(cls, settings: AuthSettings) -> Authenticator | None:
@@ -205,7 +231,13 @@ class Authenticator:
             raise ValueError("a JWT issuer or audience needs a JWT secret or public key file")
         else:
             return None
-        return cls(keys, issuer=s.jwt_issuer, audience=s.jwt_audience, leeway_s=s.leeway_s)
+        return cls(
+            keys,
+            issuer=s.jwt_issuer,
+            audience=s.jwt_audience,
+            leeway_s=s.leeway_s,
+            operator_claim=s.operator_claim,
+        )
 
     def authenticate(self, token: str, now: float | None = None) -> Identity:
         """The identity a valid token proves; `now` (epoch seconds) is for tests."""
@@ -262,7 +294,8 @@ class Authenticator:
         subject = claims.get("sub")
         if not isinstance(subject, str) or not subject:
             raise AuthError("invalid_token", "missing subject")
-        return Identity(subject, None if exp is None else exp + self.leeway_s)
+        expires_at = None if exp is None else exp + self.leeway_s
+        return Identity(subject, expires_at, _holds(claims, self.operator_claim))
 
 
 def _numeric_date(claims: Mapping[str, Any], name: str) -> float | None:
@@ -310,6 +343,7 @@ def credentials_from(
     *,
     own_origin: str,
     allowed_origins: Set[str] = frozenset(),
+    read_only: bool = False,
 ) -> tuple[str, CredentialSource] | None:
     """The request's token and where it came from; None when it sent none.
 
@@ -317,6 +351,8 @@ def credentials_from(
     header always wins. The `taskhub_token` cookie rides along on any request a browser makes,
     so it counts only on requests no other site can forge: a POST with a JSON body (not a
     CORS-simple type, so cross-site pages need a preflight) from our origin or an allowed one.
+    On a `read_only` route (the dashboard's GETs: they change nothing) a GET counts too, under
+    the same origin rule: another site's page can make the request, but not with our cookie.
     """
     token = bearer_token(headers.get("authorization"))
     if token is not None:
@@ -332,6 +368,8 @@ def credentials_from(
             raise AuthError("invalid_request", "cookie sent from a foreign origin")
     elif headers.get("sec-fetch-site") != "same-origin":
         raise AuthError("invalid_request", "cookie needs Origin or Sec-Fetch-Site: same-origin")
+    if read_only and method == "GET":
+        return cookies[0], "cookie"
     if method != "POST":
         raise AuthError("invalid_request", "cookie accepted on POST only")
     media_type = headers.get("content-type", "").partition(";")[0].strip().lower()

@@ -59,7 +59,7 @@ class TaskSnapshot(msgspec.Struct, frozen=True):
 
 
 ChangeListener = Callable[[TaskSnapshot], None]
-RemoveListener = Callable[[str], None]
+RemoveListener = Callable[[TaskSnapshot], None]
 RejectListener = Callable[[Rejected], None]
 
 
@@ -68,7 +68,8 @@ def _ignore(_: object) -> None:
 
 
 class TaskCache:
-    """Holds snapshots by task id; calls `on_change` for every accepted new revision."""
+    """Holds snapshots by task id; calls `on_change` for every accepted new revision and
+    `on_remove` with the last snapshot of every task it drops."""
 
     def __init__(
         self,
@@ -81,6 +82,8 @@ class TaskCache:
         self._tasks: dict[str, TaskSnapshot] = {}
         self._tombstones: dict[str, tuple[int, float]] = {}
         self._expiry: list[tuple[float, str, int]] = []
+        # Per server: [tasks, of which not terminal] (the operator stream's fleet view).
+        self._servers: dict[str, list[int]] = {}
         self._on_change = on_change
         self._on_remove = on_remove
         self._on_reject = on_reject
@@ -95,6 +98,15 @@ class TaskCache:
         if snapshot is None or snapshot.expired(self._clock()):
             return None
         return snapshot
+
+    def server_counts(self) -> dict[str, tuple[int, int]]:
+        """Per server id: its tasks held, and how many of them are not terminal."""
+        return {server: (tasks, active) for server, (tasks, active) in self._servers.items()}
+
+    def live(self) -> list[TaskSnapshot]:
+        """Every task not past its TTL (a scan: an operator stream's first states)."""
+        now = self._clock()
+        return [s for s in self._tasks.values() if not s.expired(now)]
 
     def owned_by(self, owner: str) -> list[TaskSnapshot]:
         """Every live task of `owner` (a scan: the legacy `tasks/list` is its one user)."""
@@ -150,6 +162,9 @@ class TaskCache:
             poll_interval_ms=task.pollIntervalMs if isinstance(task.pollIntervalMs, int) else None,
         )
         self._tasks[key] = snapshot
+        if current is not None:
+            self._count(current, -1)
+        self._count(snapshot, 1)
         if expires_at is not None:
             heapq.heappush(self._expiry, (expires_at, key, revision))
         self._on_change(snapshot)
@@ -164,8 +179,7 @@ class TaskCache:
         self._tombstones[key] = (revision, self._clock() + TOMBSTONE_SECONDS)
         if current is None:
             return False
-        del self._tasks[key]
-        self._on_remove(key)
+        self._drop(current)
         return True
 
     def reset(self) -> None:
@@ -173,8 +187,9 @@ class TaskCache:
         removed, self._tasks = self._tasks, {}
         self._tombstones.clear()
         self._expiry.clear()
-        for key in removed:
-            self._on_remove(key)
+        self._servers.clear()
+        for snapshot in removed.values():
+            self._on_remove(snapshot)
 
     def sweep(self) -> int:
         """Evict tasks past their TTL and old tombstones; returns how many tasks went."""
@@ -185,13 +200,27 @@ class TaskCache:
             current = self._tasks.get(key)
             # A later revision may carry a new ttlMs; only its own heap entry counts.
             if current is not None and current.revision == revision and current.expired(now):
-                del self._tasks[key]
-                self._on_remove(key)
+                self._drop(current)
                 evicted += 1
         stale = [key for key, (_, until) in self._tombstones.items() if until <= now]
         for key in stale:
             del self._tombstones[key]
         return evicted
+
+    def _drop(self, snapshot: TaskSnapshot) -> None:
+        del self._tasks[snapshot.task_id]
+        self._count(snapshot, -1)
+        self._on_remove(snapshot)
+
+    def _count(self, snapshot: TaskSnapshot, sign: int) -> None:
+        counts = self._servers.get(snapshot.server)
+        if counts is None:
+            counts = self._servers[snapshot.server] = [0, 0]
+        counts[0] += sign
+        if not snapshot.terminal:
+            counts[1] += sign
+        if counts[0] <= 0:
+            del self._servers[snapshot.server]
 
     def _reject(self, reason: Rejected) -> None:
         self._on_reject(reason)

@@ -20,7 +20,7 @@ from urllib.parse import urlsplit
 
 from bridge.events import DEFAULT_SERVICE
 from bridge.wire import DEFAULT_BUCKET, SERVICE_RE
-from hub.auth import AuthSettings
+from hub.auth import AuthSettings, parse_operator_claim
 from hub.cors import normalize_origin
 from hub.embedded_nats import SYNC_ALWAYS, parse_sync
 from hub.fleet_events import load_resource_rule
@@ -52,6 +52,10 @@ class Config:
     jwt_issuer: str | None = None
     jwt_audience: str | None = None
     jwt_leeway: float = 30.0
+    # Who sees every task on the operator stream (docs/dashboard.md): CLAIM=VALUE.
+    operator_claim: str = "scope=taskhub:operator"
+    # The operator stream calls a server silent after this long without a write.
+    silent_after: float = 60.0
     # Browsers: the hub's own origin (cookie CSRF rule) and the origins allowed to call it.
     public_url: str | None = None
     allowed_origins: tuple[str, ...] = ()
@@ -109,6 +113,7 @@ class Config:
             jwt_issuer=self.jwt_issuer,
             jwt_audience=self.jwt_audience,
             leeway_s=self.jwt_leeway,
+            operator_claim=parse_operator_claim(self.operator_claim),
         )
 
     @property
@@ -248,6 +253,14 @@ def _http_url(text: str) -> str:
     return text.rstrip("/")
 
 
+def _operator_claim(text: str) -> str:
+    try:
+        parse_operator_claim(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text.strip()
+
+
 def _flag(text: str) -> bool:
     lowered = text.strip().lower()
     if lowered in ("1", "true", "yes", "on"):
@@ -284,13 +297,27 @@ _OPTIONS: list[tuple[str, Callable[[str], Any], str]] = [
     ("jwt-issuer", str, "required `iss` of tokens"),
     ("jwt-audience", str, "required `aud` of tokens"),
     ("jwt-leeway", _positive_float, "clock leeway in seconds for exp/nbf"),
+    (
+        "operator-claim",
+        _operator_claim,
+        "CLAIM=VALUE a token carries to see every task on the operator stream",
+    ),
+    (
+        "silent-after",
+        _positive_float,
+        "seconds without a write after which a server with active tasks is called silent",
+    ),
     ("public-url", str, "the hub's URL as browsers see it (cookie same-origin rule)"),
     ("allowed-origin", _origins, "comma-separated origins allowed to call the hub"),
     ("cors-origin", _origins, "comma-separated origins that get CORS access"),
     ("max-body-bytes", _positive_int, "larger request bodies get 413"),
     ("max-task-ids", _positive_int, "taskIds per subscriptions/listen"),
-    ("max-streams", _positive_int, "open listen streams in total"),
-    ("max-streams-per-principal", _positive_int, "open listen streams per caller (auth on)"),
+    ("max-streams", _positive_int, "open listen and operator streams in total"),
+    (
+        "max-streams-per-principal",
+        _positive_int,
+        "open listen and operator streams per caller (auth on)",
+    ),
     ("poll-burst", _non_negative_int, "tasks/get burst per caller and task (0 = no limit)"),
     ("default-poll-interval", _positive_float, "poll pacing (s) for tasks without one"),
     (

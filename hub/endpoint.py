@@ -87,7 +87,7 @@ class McpEndpoint:
             # Run here, not in _answer: a stream lives for hours, the request's headers
             # and parsed params need not. It answers on `send` itself, so its response
             # needs the CORS headers too.
-            await responder(scope, receive, _adding(send, cors))
+            await responder(scope, receive, adding_headers(send, cors))
 
     async def _answer(
         self, scope: Scope, receive: Receive, send: Send
@@ -249,16 +249,26 @@ class McpEndpoint:
 
 
 def authenticate(
-    hub: Hub, method: str, headers: Mapping[str, str], cors_origins: frozenset[str]
+    hub: Hub,
+    method: str,
+    headers: Mapping[str, str],
+    cors_origins: frozenset[str],
+    *,
+    read_only: bool = False,
 ) -> Identity:
     """Who is asking (raises AuthError): anonymous without authentication, else the
-    principal of the credentials (H67; cookies only from an allowed origin)."""
+    principal of the credentials (H67; cookies only from an allowed origin, on POST or
+    on a `read_only` route's GET)."""
     authenticator = hub.authenticator
     if authenticator is None:
         return ANONYMOUS
     config = hub.config
     credentials = credentials_from(
-        method, headers, own_origin=config.own_origin, allowed_origins=cors_origins
+        method,
+        headers,
+        own_origin=config.own_origin,
+        allowed_origins=cors_origins,
+        read_only=read_only,
     )
     if credentials is None:
         raise AuthError.missing()
@@ -313,7 +323,7 @@ def _method_label(method: str | None) -> str:
     return method if method in METHODS else "-"
 
 
-def _adding(send: Send, headers: RawHeaders) -> Send:
+def adding_headers(send: Send, headers: RawHeaders) -> Send:
     """`send`, with `headers` added to the response start."""
     if not headers:
         return send

@@ -11,6 +11,9 @@ now (socket buffer full, or no direct channel) wakes its own task, which awaits 
 ASGI `send`. One hub-wide tick, not a timer per stream, sends keep-alives and drops
 streams whose client stopped reading.
 
+Operator streams (hub/watcher.py, docs/dashboard.md) are watchers: they see every published
+revision and removal through their own filter, and take the same flush.
+
 Fleet change events (docs/fleet-events.md) take the same path: `publish_event` queues the
 event's frame on every stream that asked for it at that service's endpoint (coalescing per
 event type and URI), and the same per-turn flush writes it.
@@ -19,13 +22,14 @@ event type and URI), and the same per-turn flush writes it.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from bridge.wire import EVENT_KINDS
 from hub.cache import TaskSnapshot
 from hub.frames import event_frame
 from hub.metrics import Metrics
 from hub.subscriber import EndReason, Subscriber
+from hub.watcher import COALESCED, Watcher
 
 # (service, kind, uri): kind "tools", "prompts", "resources" (uri "") or "resource" (a URI).
 EventKey = tuple[str, str, str]
@@ -39,6 +43,7 @@ class Fanout:
         self._by_task: dict[str, set[Subscriber]] = {}
         self._subscribers: set[Subscriber] = set()
         self._dirty: set[Subscriber] = set()
+        self._watchers: set[Watcher] = set()
         # Fleet events: who follows which, with the follower's principal (an audience check).
         self._by_event: dict[EventKey, dict[Subscriber, str]] = {}
         self._events_of: dict[Subscriber, list[EventKey]] = {}
@@ -69,6 +74,15 @@ class Fanout:
             self._by_task.setdefault(task_id, set()).add(subscriber)
         self._metrics.open_streams.set(len(self._subscribers))
 
+    def watch(self, watcher: Watcher) -> None:
+        """Register an operator stream: it is offered every revision and removal."""
+        self.subscribe(watcher)
+        self._watchers.add(watcher)
+
+    @property
+    def watchers(self) -> int:
+        return len(self._watchers)
+
     def narrow(self, subscriber: Subscriber, keep: Iterable[str]) -> None:
         """Drop interest in every task but `keep` (the ones the ack grants)."""
         keep = set(keep)
@@ -81,6 +95,8 @@ class Fanout:
             return
         self._subscribers.discard(subscriber)
         self._dirty.discard(subscriber)
+        if isinstance(subscriber, Watcher):
+            self._watchers.discard(subscriber)
         for task_id in list(subscriber.task_ids):
             self.unfollow(subscriber, task_id)
         for key in self._events_of.pop(subscriber, ()):
@@ -96,6 +112,8 @@ class Fanout:
 
     def publish(self, snapshot: TaskSnapshot) -> None:
         """Hand a new revision to every follower of its task; they are written this turn."""
+        if self._watchers:
+            self._offer_watchers(snapshot, Watcher.offer_task)
         followers = self._by_task.get(snapshot.task_id)
         if not followers:
             return
@@ -110,6 +128,39 @@ class Fanout:
             del self._by_task[snapshot.task_id]
             for subscriber in followers:
                 subscriber.task_ids.discard(snapshot.task_id)
+        self._schedule_flush()
+
+    def publish_removal(self, snapshot: TaskSnapshot) -> None:
+        """The task left the cache: listen streams stop following it, watchers show it gone."""
+        self.forget(snapshot.task_id)
+        if self._watchers:
+            self._offer_watchers(snapshot, Watcher.offer_removal)
+
+    def publish_to_watchers(self, key: str, frame_for: Callable[[Watcher], bytes]) -> None:
+        """Queue a frame on every watcher (the fleet view), replacing its unsent one."""
+        for watcher in self._watchers:
+            watcher.offer_event(key, frame_for(watcher))
+            self._dirty.add(watcher)
+        if self._watchers:
+            self._schedule_flush()
+
+    def _offer_watchers(
+        self, snapshot: TaskSnapshot, offer: Callable[[Watcher, TaskSnapshot], int]
+    ) -> None:
+        coalesced = 0
+        queued = False
+        for watcher in self._watchers:
+            outcome = offer(watcher, snapshot)
+            if outcome:
+                queued = True
+                coalesced += outcome == COALESCED
+                self._dirty.add(watcher)
+        if coalesced:
+            self._metrics.coalesced_frames.inc(coalesced)
+        if queued:
+            self._schedule_flush()
+
+    def _schedule_flush(self) -> None:
         if not self._flush_scheduled:
             self._flush_scheduled = True
             asyncio.get_running_loop().call_soon(self._flush)
@@ -149,9 +200,8 @@ class Fanout:
             queued += 1
         if coalesced:
             self._metrics.coalesced_frames.inc(coalesced)
-        if queued and not self._flush_scheduled:
-            self._flush_scheduled = True
-            asyncio.get_running_loop().call_soon(self._flush)
+        if queued:
+            self._schedule_flush()
         return queued
 
     def resend_events(self) -> None:

@@ -144,7 +144,10 @@ class Metrics:
             ("upstream",),
         )
         self.limited = Counter("taskhub_limited_total", "requests refused by a limit", ("limit",))
-        self.open_streams = Gauge("taskhub_open_streams", "open subscriptions/listen streams")
+        self.open_streams = Gauge(
+            "taskhub_open_streams", "open subscriptions/listen and operator streams"
+        )
+        self.operator_streams = Gauge("taskhub_operator_streams", "open operator streams")
         self.cached_tasks = Gauge("taskhub_cached_tasks", "tasks in the snapshot cache")
         self.ready = Gauge("taskhub_ready", "1 when NATS is connected and the cache caught up")
         # Durability the hub can observe (hub/nats_source.py, read at start-up).

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Callable
 
 from hub.auth import Authenticator
@@ -16,9 +17,11 @@ from hub.cache import Rejected, TaskCache, TaskSnapshot
 from hub.config import Config
 from hub.fanout import Fanout
 from hub.fleet_events import EventSource, load_resource_rule
+from hub.fleet_view import FLEET_EVERY_S, FleetView
 from hub.limits import PollLimiter, StreamLimiter
 from hub.metrics import Metrics
 from hub.nats_source import NatsSource
+from hub.watcher import Watcher, sse_event
 
 log = logging.getLogger("taskhub")
 
@@ -46,10 +49,13 @@ class Hub:
             nats_options=config.nats_options(),
             monitor_url=config.nats_monitor_url,
         )
+        self.fleet = FleetView(self.cache, config.silent_after)
+        self._fleet_frames = (b"", b"")  # the latest `fleet` event: (others, operators)
         self.events = EventSource(self.fanout, self.metrics)
         self.source.on_reconnected = self.events.reconnected
         self.resource_rule = load_resource_rule(config.resource_rule)
         self.metrics.cached_tasks.track(lambda: len(self.cache))
+        self.metrics.operator_streams.track(lambda: self.fanout.watchers)
         self.authenticator = Authenticator.from_settings(config.auth)
         self.polls = PollLimiter(config.poll_burst, config.default_poll_interval)
         # Without auth every caller is "anonymous": only the total limit means anything.
@@ -70,6 +76,7 @@ class Hub:
         self._background = [
             asyncio.create_task(self._sweep_expired()),
             asyncio.create_task(self._tick_streams()),
+            asyncio.create_task(self._tick_fleet()),
         ]
 
     def begin_shutdown(self) -> None:
@@ -105,6 +112,31 @@ class Hub:
             await asyncio.sleep(period)
             self.fanout.tick(loop.time(), keepalive, send_timeout)
 
+    async def _tick_fleet(self) -> None:
+        """The operator streams' `fleet` events, every FLEET_EVERY_S while any is open."""
+        await self.source.wait_caught_up()
+        self.fleet.start_counting()
+        while True:
+            await asyncio.sleep(FLEET_EVERY_S)
+            if self.fanout.watchers:
+                await self.fleet.refresh_control(self.source.js)
+                self._fleet_frames = self._build_fleet_frames()
+                self.fanout.publish_to_watchers("fleet", self._fleet_frame_for)
+
+    def fleet_frame(self, operator: bool) -> bytes:
+        """A `fleet` event as of now, for a new operator stream (operators see the servers)."""
+        return self._build_fleet_frames()[operator]
+
+    def _fleet_frame_for(self, watcher: Watcher) -> bytes:
+        return self._fleet_frames[watcher.operator]
+
+    def _build_fleet_frames(self) -> tuple[bytes, bytes]:
+        state = {"ready": self.ready, "at": round(time.time() * 1000)}
+        return (
+            sse_event("fleet", {**state, "servers": []}),
+            sse_event("fleet", {**state, "servers": self.fleet.servers()}),
+        )
+
     def next_change(self, task_id: str) -> asyncio.Future[TaskSnapshot | None]:
         """Resolves with the task's next accepted revision, or None when it is removed.
 
@@ -138,16 +170,17 @@ class Hub:
 
     def _changed(self, snapshot: TaskSnapshot) -> None:
         self.fanout.publish(snapshot)
+        self.fleet.wrote(snapshot)
         if self._waiters:
             self._wake(snapshot.task_id, snapshot)
         if self._owner_watchers:
             for callback in list(self._owner_watchers.get(snapshot.owner, ())):
                 callback(snapshot)
 
-    def _removed(self, task_id: str) -> None:
-        self.fanout.forget(task_id)
+    def _removed(self, snapshot: TaskSnapshot) -> None:
+        self.fanout.publish_removal(snapshot)
         if self._waiters:
-            self._wake(task_id, None)
+            self._wake(snapshot.task_id, None)
 
     def _wake(self, task_id: str, snapshot: TaskSnapshot | None) -> None:
         for waiter in list(self._waiters.get(task_id, ())):

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from starlette.types import Receive, Scope, Send
 
 from hub.connection import connection_of
-from hub.frames import KEEPALIVE_FRAME, completion_frame
+from hub.frames import KEEPALIVE_FRAME
 from hub.metrics import Metrics
 from hub.subscriber import EndReason, Subscriber
 
@@ -83,7 +83,7 @@ class ListenStream:
                     subscriber.keepalive_due = False
                     await self._write(send, KEEPALIVE_FRAME)
                 elif subscriber.ending:
-                    await self._write(send, completion_frame(subscriber.subscription_id))
+                    await self._write(send, subscriber.goodbye())
                     await self._send(send, {"type": "http.response.body", "body": b""})
                     break
                 else:

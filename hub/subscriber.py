@@ -35,7 +35,7 @@ from collections.abc import Iterable
 
 from hub.cache import TaskSnapshot
 from hub.connection import DirectChannel
-from hub.frames import KEEPALIVE_FRAME, notification_prefix, task_frames
+from hub.frames import KEEPALIVE_FRAME, completion_frame, notification_prefix, task_frames
 
 
 class StreamState(enum.Enum):
@@ -132,12 +132,20 @@ class Subscriber:
     def take_frames(self) -> tuple[bytes, int]:
         """Everything queued as one chunk: task states, then events; and how many."""
         batch = self.take()
-        data = task_frames(self.prefix, batch) if batch else b""
+        data = self.frame_states(batch) if batch else b""
         if not self.events:
             return data, len(batch)
         events = list(self.events.values())
         self.events.clear()
         return data + b"".join(events), len(batch) + len(events)
+
+    def frame_states(self, batch: list[TaskSnapshot]) -> bytes:
+        """Task states as this stream writes them: `notifications/tasks` frames."""
+        return task_frames(self.prefix, batch)
+
+    def goodbye(self) -> bytes:
+        """The last frame when the hub ends the stream: the listen request's result (H63)."""
+        return completion_frame(self.subscription_id)
 
     # -- writes from the fan-out (hub/fanout.py) --------------------------------------------
 

@@ -4,8 +4,9 @@ The body is the same DetailedTask `tasks/get` answers (the snapshot's bytes, rea
 to NATS on a miss), with `ETag` = the revision (the KV stream sequence), 304 for a matching
 `If-None-Match`, and `Cache-Control: private, max-age` = the task's `pollIntervalMs` (the
 rate it asks to be polled at). Ownership is that of `tasks/get`: a foreign task is a 404
-exactly like an unknown one (H46). Credentials: a bearer token (a cookie counts on POST
-only, hub/auth.py). Origins as on `/mcp`: a foreign `Origin` is 403.
+exactly like an unknown one (H46). Credentials: a bearer token, or the dashboard's cookie
+under its same-origin rule (hub/auth.py, docs/dashboard.md). Origins as on `/mcp`: a
+foreign `Origin` is 403.
 """
 
 from __future__ import annotations
@@ -26,7 +27,9 @@ from hub.runtime import Hub
 DEFAULT_MAX_AGE_S = 1  # for a task without pollIntervalMs
 
 
-def _error(status: int, code: int, message: str, headers: dict[str, str] | None = None) -> Response:
+def json_error(
+    status: int, code: int, message: str, headers: dict[str, str] | None = None
+) -> Response:
     body = msgspec.json.encode({"error": {"code": code, "message": message}})
     return Response(body, status, headers, media_type="application/json")
 
@@ -34,20 +37,22 @@ def _error(status: int, code: int, message: str, headers: dict[str, str] | None 
 async def get_task(hub: Hub, request: Request) -> Response:
     origin = request.headers.get("origin")
     if origin is not None and not hub.config.origin_allowed(origin):
-        return _error(403, jsonrpc.INVALID_REQUEST, "Origin not allowed")
+        return json_error(403, jsonrpc.INVALID_REQUEST, "Origin not allowed")
     try:
-        identity = authenticate(hub, "GET", request.headers, frozenset(hub.config.cors_origins))
+        identity = authenticate(
+            hub, "GET", request.headers, frozenset(hub.config.cors_origins), read_only=True
+        )
     except AuthError as exc:
         message = "Unauthorized" + (f": {exc.description}" if exc.description else "")
         challenge = {"www-authenticate": exc.www_authenticate()}
-        return _error(exc.status, jsonrpc.UNAUTHORIZED, message, challenge)
+        return json_error(exc.status, jsonrpc.UNAUTHORIZED, message, challenge)
     try:
         snapshot = await find_task(hub, request.path_params["task_id"], identity.principal)
     except jsonrpc.RpcError as err:  # NATS could not answer a read-through
-        return _error(503, err.code, err.message, {"retry-after": "1"})
+        return json_error(503, err.code, err.message, {"retry-after": "1"})
     vary = {"vary": "Authorization"}
     if snapshot is None:
-        return _error(404, jsonrpc.INVALID_PARAMS, TASK_NOT_FOUND, vary)
+        return json_error(404, jsonrpc.INVALID_PARAMS, TASK_NOT_FOUND, vary)
     interval = snapshot.poll_interval_ms
     max_age = DEFAULT_MAX_AGE_S if interval is None else max(0, math.floor(interval / 1000))
     headers = {

@@ -120,6 +120,62 @@ class SseStream:
 
 
 @dataclass
+class SseEvents:
+    """Reads a stream of named SSE events (the operator stream): (event name, JSON data)."""
+
+    response: httpx.Response
+    _lines: AsyncIterator[str] | None = field(default=None, repr=False)
+
+    async def next(self, timeout: float = 10.0) -> tuple[str, Any]:
+        async with asyncio.timeout(timeout):
+            return await self._next_event()
+
+    async def _next_event(self) -> tuple[str, Any]:
+        if self._lines is None:
+            self._lines = self.response.aiter_lines()
+        name, data = "message", []
+        async for line in self._lines:
+            if line == "":
+                if data:
+                    return name, json.loads("\n".join(data))
+                name = "message"
+                continue
+            if line.startswith(":"):
+                continue
+            field_name, _, value = line.partition(":")
+            value = value.removeprefix(" ")
+            if field_name == "event":
+                name = value
+            elif field_name == "data":
+                data.append(value)
+        raise EOFError("stream ended")
+
+    async def until(
+        self, name: str, predicate: Callable[[Any], bool] = lambda _: True, timeout: float = 10.0
+    ) -> Any:
+        """The data of the next `name` event that satisfies `predicate`."""
+        async with asyncio.timeout(timeout):
+            while True:
+                event, data = await self._next_event()
+                if event == name and predicate(data):
+                    return data
+
+    async def opening(self, timeout: float = 10.0) -> tuple[Any, dict[str, Any]]:
+        """`hello`, and the tasks up to `synced` by id."""
+        tasks: dict[str, Any] = {}
+        async with asyncio.timeout(timeout):
+            name, hello = await self._next_event()
+            assert name == "hello", (name, hello)
+            while True:
+                name, data = await self._next_event()
+                if name == "synced":
+                    assert data == {"tasks": len(tasks)}
+                    return hello, tasks
+                assert name == "task", (name, data)
+                tasks[data["task"]["taskId"]] = data
+
+
+@dataclass
 class Served:
     """An ASGI app served by uvicorn on 127.0.0.1 in this event loop."""
 
@@ -200,6 +256,22 @@ class HubHarness:
         self.server.should_exit = True
         await self.task
         await self.client.aclose()
+
+    @contextlib.asynccontextmanager
+    async def operator_stream(self, query: str = "", **headers: str) -> AsyncIterator[SseEvents]:
+        """`GET /operator/stream?query`; fails unless it answers 200."""
+        request = self.client.build_request(
+            "GET", f"{self.url}/operator/stream?{query}", headers=headers
+        )
+        response = await self.client.send(request, stream=True)
+        try:
+            if response.status_code != 200:
+                await response.aread()
+                raise AssertionError(f"{response.status_code}: {response.text}")
+            assert response.headers["content-type"] == "text/event-stream"
+            yield SseEvents(response)
+        finally:
+            await response.aclose()
 
 
 @contextlib.asynccontextmanager

@@ -20,7 +20,14 @@ from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hub.auth import Authenticator, AuthError, Identity, load_keys, secret_key
+from hub.auth import (
+    Authenticator,
+    AuthError,
+    Identity,
+    load_keys,
+    parse_operator_claim,
+    secret_key,
+)
 from tests.tokens import SigningKey, b64, compact, jwt, public_jwk
 
 NOW = 1_700_000_000.0
@@ -403,3 +410,32 @@ def test_signed_claims_give_an_identity_or_auth_error(body: dict[str, Any], now:
         assert err.description in DESCRIPTIONS
     else:
         assert identity.principal == body["sub"] and isinstance(identity.principal, str)
+
+
+@pytest.mark.parametrize(
+    ("claim", "extra", "operator"),
+    [
+        (("scope", "taskhub:operator"), {"scope": "openid taskhub:operator"}, True),
+        (("scope", "taskhub:operator"), {"scope": ["taskhub:operator"]}, True),
+        (("scope", "taskhub:operator"), {"scope": "taskhub:operators"}, False),
+        (("scope", "taskhub:operator"), {"scope": "openid"}, False),
+        (("scope", "taskhub:operator"), {"scp": "taskhub:operator"}, False),
+        (("scope", "taskhub:operator"), {"scope": {"taskhub:operator": True}}, False),
+        (("groups", "ops"), {"groups": ["dev", "ops"]}, True),
+        (("groups", "ops"), {"scope": "taskhub:operator"}, False),
+    ],
+)
+def test_the_operator_claim_is_a_word_of_the_claim_or_a_list_item(
+    claim: tuple[str, str], extra: dict[str, Any], operator: bool
+) -> None:
+    auth = Authenticator(
+        [secret_key(SECRET)], issuer=ISSUER, audience=AUDIENCE, operator_claim=claim
+    )
+    identity = auth.authenticate(sign(HS_KEY, {**claims(), **extra}), now=NOW)
+    assert identity.operator is operator
+
+
+@pytest.mark.parametrize("text", ["scope", "=x", "scope=", " = "])
+def test_an_operator_claim_needs_a_name_and_a_value(text: str) -> None:
+    with pytest.raises(ValueError, match="CLAIM=VALUE"):
+        parse_operator_claim(text)

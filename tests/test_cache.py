@@ -23,7 +23,7 @@ class Recorder:
         self.rejected: list[Rejected] = []
         self.cache = TaskCache(
             on_change=self.changes.append,
-            on_remove=self.removed.append,
+            on_remove=lambda snapshot: self.removed.append(snapshot.task_id),
             on_reject=self.rejected.append,
             clock=lambda: self.now,
         )

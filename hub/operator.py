@@ -1,0 +1,155 @@
+"""`GET /operator/stream`: every task a caller may see, then every change, as SSE
+(docs/dashboard.md). The dashboard and `taskhub tail` read it.
+
+Operators (a token with the operator claim) see every task; anyone else their own, the rule
+of `tasks/get`. The stream is a watcher (hub/watcher.py) on the fan-out, written by the
+listen stream's writer (hub/sse.py), so it coalesces, keeps alive, drops a reader that
+stopped reading and says goodbye on shutdown exactly as a listen stream does. Its first
+states are read from the cache in the same turn that registers it, so no change falls
+between them.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import get_args
+
+from starlette.datastructures import Headers, QueryParams
+from starlette.types import Receive, Scope, Send
+
+from bridge.wire import Status
+from hub import jsonrpc
+from hub.auth import AuthError, Identity
+from hub.cors import response_headers
+from hub.endpoint import adding_headers, authenticate
+from hub.limits import retry_after
+from hub.runtime import Hub
+from hub.sse import ListenStream
+from hub.subscriber import Subscriber
+from hub.task_reads import json_error
+from hub.watcher import TaskFilter, Watcher, sse_event, task_events
+
+STATUSES: tuple[str, ...] = get_args(Status)
+FILTERS = ("server", "status", "owner")
+
+
+class QueryError(ValueError):
+    pass
+
+
+def parse_filter(query: QueryParams) -> TaskFilter:
+    """`server`, `status` and `owner`, each repeated or comma-separated (raises QueryError)."""
+    unknown = sorted(set(query.keys()) - set(FILTERS))
+    if unknown:
+        raise QueryError(f"unknown query parameter {unknown[0]!r}; use {', '.join(FILTERS)}")
+    values: dict[str, frozenset[str] | None] = {}
+    for name in FILTERS:
+        given = [value.strip() for raw in query.getlist(name) for value in raw.split(",")]
+        if any(not value for value in given):
+            raise QueryError(f"empty value in {name!r}")
+        values[name] = frozenset(given) if given else None
+    statuses = values["status"]
+    if statuses is not None and not statuses <= set(STATUSES):
+        bad = sorted(statuses - set(STATUSES))[0]
+        raise QueryError(f"unknown status {bad!r}; one of {', '.join(STATUSES)}")
+    return TaskFilter(values["server"], statuses, values["owner"])
+
+
+def hello(identity: Identity, operator: bool, task_filter: TaskFilter, hub: Hub) -> bytes:
+    return sse_event(
+        "hello",
+        {
+            "principal": identity.principal,
+            "operator": operator,
+            "filters": task_filter.describe(),
+            "silentAfterMs": round(hub.config.silent_after * 1000),
+            "at": round(time.time() * 1000),
+        },
+    )
+
+
+class OperatorStream:
+    """The ASGI app of the route: refusals as JSON errors, else a watcher's SSE stream."""
+
+    def __init__(self, hub: Hub) -> None:
+        self.hub = hub
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        hub = self.hub
+        headers = Headers(scope=scope)
+        origin = headers.get("origin")
+        cors_origins = frozenset(hub.config.cors_origins)
+        cors = response_headers(origin, cors_origins)
+        if scope["method"] != "GET":
+            refusal = json_error(405, jsonrpc.INVALID_REQUEST, "Use GET", {"allow": "GET", **cors})
+            return await refusal(scope, receive, send)
+        if origin is not None and not hub.config.origin_allowed(origin):
+            return await json_error(403, jsonrpc.INVALID_REQUEST, "Origin not allowed")(
+                scope, receive, send
+            )
+        try:
+            identity = authenticate(hub, "GET", headers, cors_origins, read_only=True)
+        except AuthError as exc:
+            message = "Unauthorized" + (f": {exc.description}" if exc.description else "")
+            challenge = {"www-authenticate": exc.www_authenticate(), **cors}
+            refusal = json_error(exc.status, jsonrpc.UNAUTHORIZED, message, challenge)
+            return await refusal(scope, receive, send)
+        try:
+            task_filter = parse_filter(QueryParams(scope.get("query_string", b"")))
+        except QueryError as exc:
+            return await json_error(400, jsonrpc.INVALID_PARAMS, str(exc), cors)(
+                scope, receive, send
+            )
+        operator = identity.operator
+        if not operator:
+            owners = task_filter.owners
+            if owners is not None and owners != {identity.principal}:
+                message = "filtering by another owner needs the operator claim"
+                return await json_error(403, jsonrpc.INVALID_PARAMS, message, cors)(
+                    scope, receive, send
+                )
+            task_filter = TaskFilter(
+                task_filter.servers, task_filter.statuses, frozenset({identity.principal})
+            )
+        if not hub.ready:
+            retry = {"retry-after": "1", **cors}
+            message = "the hub is not ready (NATS unreachable or catching up); retry"
+            return await json_error(503, jsonrpc.INTERNAL_ERROR, message, retry)(
+                scope, receive, send
+            )
+        refusal_reason = hub.streams.acquire(identity.principal)
+        if refusal_reason is not None:
+            hub.metrics.limited.inc(1, "streams")
+            back_off = {"retry-after": retry_after(5), **cors}
+            message = f"Too many open streams: {refusal_reason}"
+            return await json_error(429, jsonrpc.RATE_LIMITED, message, back_off)(
+                scope, receive, send
+            )
+        stream = self._open(identity, operator, task_filter)
+        raw_cors = [(name.encode(), value.encode("latin-1")) for name, value in cors.items()]
+        await stream(scope, receive, adding_headers(send, raw_cors))
+
+    def _open(self, identity: Identity, operator: bool, task_filter: TaskFilter) -> ListenStream:
+        """Register the watcher and read its first states in one turn (nothing between)."""
+        hub = self.hub
+        watcher = Watcher(task_filter, operator)
+        first = watcher.initial(hub.cache.live())
+        hub.fanout.watch(watcher)
+
+        def release(watcher: Subscriber) -> None:
+            hub.fanout.unsubscribe(watcher)
+            hub.streams.release(identity.principal)
+
+        frame = (
+            hello(identity, operator, task_filter, hub)
+            + task_events(first)
+            + sse_event("synced", {"tasks": len(first)})
+            + hub.fleet_frame(operator)
+        )
+        return ListenStream(
+            watcher,
+            frame,
+            metrics=hub.metrics,
+            on_close=release,
+            ends_at=identity.expires_at,  # the stream lives no longer than its token
+        )

@@ -1,0 +1,114 @@
+"""The operator stream's pieces without a network: its filter and query parsing, the
+watcher's coalescing and removals (hub/watcher.py), and the fleet view's silent rule
+(hub/fleet_view.py) on a real cache with a clock of the test's."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import pytest
+from starlette.datastructures import QueryParams
+
+from hub.cache import TaskCache, TaskSnapshot
+from hub.fanout import Fanout
+from hub.fleet_view import CONTROL_WAIT_S, FleetView
+from hub.metrics import Metrics
+from hub.operator import QueryError, parse_filter
+from hub.watcher import TaskFilter, Watcher
+from tests.helpers import envelope, new_task_id
+
+
+def snap(task_id: str, revision: int, status: str = "working", **fields: Any) -> TaskSnapshot:
+    owner, server = fields.get("owner", "alice"), fields.get("server", "srv-1")
+    body = json.dumps({"taskId": task_id, "status": status, "r": revision}).encode()
+    return TaskSnapshot(task_id, owner, server, revision, status, None, body)
+
+
+def frames(watcher: Watcher) -> list[tuple[str, Any]]:
+    data, _ = watcher.take_frames()
+    events = []
+    for block in data.decode().split("\n\n")[:-1]:
+        lines = dict(line.split(": ", 1) for line in block.split("\n"))
+        events.append((lines["event"], json.loads(lines["data"])))
+    return events
+
+
+def test_query_parameters_repeat_or_list_and_are_checked() -> None:
+    parsed = parse_filter(QueryParams("server=a,b&server=c&status=working"))
+    assert parsed == TaskFilter(frozenset("abc"), frozenset({"working"}), None)
+    assert parse_filter(QueryParams("")) == TaskFilter()
+    for bad in ["status=done", "owner=", "owner=a,,b", "tasks=1"]:
+        with pytest.raises(QueryError):
+            parse_filter(QueryParams(bad))
+
+
+async def test_a_slow_watcher_holds_one_state_per_task() -> None:
+    metrics = Metrics()
+    fanout = Fanout(metrics)
+    watcher = Watcher(TaskFilter(), operator=True)
+    fanout.watch(watcher)
+    for revision in range(1, 501):
+        fanout.publish(snap("a", revision))
+    fanout.publish(snap("b", 1, owner="bob"))
+    assert len(watcher.backlog) == 2  # bounded by tasks, not by the change rate
+    assert metrics.coalesced_frames.value() == 499
+    events = frames(watcher)
+    assert [(name, data["task"]["r"], data["owner"]) for name, data in events] == [
+        ("task", 500, "alice"),
+        ("task", 1, "bob"),
+    ]
+    fanout.unsubscribe(watcher)
+    assert fanout.watchers == 0 and len(fanout) == 0
+    await asyncio.sleep(0)  # the scheduled flush finds nothing to do
+
+
+def test_a_removal_replaces_an_unsent_state_and_a_new_state_an_unsent_removal() -> None:
+    watcher = Watcher(TaskFilter(statuses=frozenset({"working"})), operator=True)
+    watcher.initial([snap("a", 1)])
+    assert watcher.offer_task(snap("a", 2, "input_required"))  # leaves the filter
+    assert frames(watcher) == [("removed", {"taskId": "a"})]
+    assert watcher.offer_task(snap("a", 3)) and watcher.offer_task(snap("a", 4, "completed"))
+    assert frames(watcher) == [("removed", {"taskId": "a"})]  # the state went unsent
+    assert not watcher.offer_task(snap("a", 5, "completed"))  # no longer shown: nothing
+    assert watcher.offer_task(snap("b", 1)) and watcher.offer_removal(snap("b", 1))
+    assert watcher.offer_task(snap("b", 2))  # re-entered before anything was written
+    assert [name for name, _ in frames(watcher)] == ["task"]
+
+
+def test_an_unfiltered_watcher_hears_every_removal_and_a_filtered_one_its_own() -> None:
+    everything = Watcher(TaskFilter(), operator=True)
+    alices = Watcher(TaskFilter(owners=frozenset({"alice"})), operator=False)
+    alices.initial([snap("a", 1), snap("b", 1, owner="bob")])
+    for watcher in (everything, alices):
+        watcher.offer_removal(snap("a", 1))
+        watcher.offer_removal(snap("b", 1, owner="bob"))
+    assert [data["taskId"] for _, data in frames(everything)] == ["a", "b"]
+    assert [data["taskId"] for _, data in frames(alices)] == ["a"]
+
+
+def test_a_server_is_silent_without_writes_or_with_control_waiting() -> None:
+    now = [1000.0]
+    cache = TaskCache(clock=lambda: now[0])
+    view = FleetView(cache, silent_after=60, clock=lambda: now[0])
+    view.start_counting()
+    quiet, busy = new_task_id(), new_task_id()
+    cache.apply_put(quiet, 1, envelope(quiet, server="quiet"))
+    done = cache.apply_put(busy, 2, envelope(busy, "completed", server="done"))
+    assert done is not None
+    view.wrote(done)
+    now[0] += 61
+    entries = {entry["server"]: entry for entry in view.servers()}
+    assert entries["quiet"]["silent"] and "no write for 61 s" in entries["quiet"]["reason"]
+    assert entries["quiet"]["lastWriteAt"] is None and entries["quiet"]["active"] == 1
+    assert not entries["done"]["silent"]  # nothing active: nothing to write
+    assert entries["done"]["lastWriteAt"] == 1_000_000 and entries["done"]["tasks"] == 1
+    assert entries["done"]["controlWaiting"] is None  # NATS has not been asked
+
+    view._waiting = {"done": (2, now[0])}  # as refresh_control leaves it
+    view._control_known = True
+    now[0] += CONTROL_WAIT_S + 1
+    entry = {entry["server"]: entry for entry in view.servers()}["done"]
+    assert entry["silent"] and entry["reason"] == "2 control messages waiting for 11 s"
+    assert entry["controlWaiting"] == 2
