@@ -1,12 +1,12 @@
 """`GET /operator/stream`: every task a caller may see, then every change, as SSE
 (docs/dashboard.md). The dashboard and `taskhub tail` read it.
 
-Operators (a token with the operator claim) see every task; anyone else their own, the rule
-of `tasks/get`. The stream is a watcher (hub/watcher.py) on the fan-out, written by the
-listen stream's writer (hub/sse.py), so it coalesces, keeps alive, drops a reader that
-stopped reading and says goodbye on shutdown exactly as a listen stream does. Its first
-states are read from the cache in the same turn that registers it, so no change falls
-between them.
+Operators (a token with the operator claim) see every task and the fleet's servers; anyone
+else their own tasks, the rule of `tasks/get` (and on an open hub, the servers too). The
+stream is a watcher (hub/watcher.py) on the fan-out, written by the listen stream's writer
+(hub/sse.py), so it coalesces, keeps alive, drops a reader that stopped reading and says
+goodbye on shutdown exactly as a listen stream does. Its first states are read from the
+cache in the same turn that registers it, so no change falls between them.
 """
 
 from __future__ import annotations
@@ -132,7 +132,10 @@ class OperatorStream:
     def _open(self, identity: Identity, operator: bool, task_filter: TaskFilter) -> ListenStream:
         """Register the watcher and read its first states in one turn (nothing between)."""
         hub = self.hub
-        watcher = Watcher(task_filter, operator)
+        # The servers' health is the operators'; an open hub has none, so it is everyone's
+        # there (counts and server ids, no task an owner could not see anyway).
+        fleet = operator or hub.authenticator is None
+        watcher = Watcher(task_filter, fleet)
         first = watcher.initial(hub.cache.live())
         hub.fanout.watch(watcher)
 
@@ -144,7 +147,7 @@ class OperatorStream:
             hello(identity, operator, task_filter, hub)
             + task_events(first)
             + sse_event("synced", {"tasks": len(first)})
-            + hub.fleet_frame(operator)
+            + hub.fleet_frame(fleet)
         )
         return ListenStream(
             watcher,

@@ -50,7 +50,7 @@ class Hub:
             monitor_url=config.nats_monitor_url,
         )
         self.fleet = FleetView(self.cache, config.silent_after)
-        self._fleet_frames = (b"", b"")  # the latest `fleet` event: (others, operators)
+        self._fleet_frames = (b"", b"")  # the latest `fleet` event: without, with servers
         self.events = EventSource(self.fanout, self.metrics)
         self.source.on_reconnected = self.events.reconnected
         self.resource_rule = load_resource_rule(config.resource_rule)
@@ -123,12 +123,12 @@ class Hub:
                 self._fleet_frames = self._build_fleet_frames()
                 self.fanout.publish_to_watchers("fleet", self._fleet_frame_for)
 
-    def fleet_frame(self, operator: bool) -> bytes:
-        """A `fleet` event as of now, for a new operator stream (operators see the servers)."""
-        return self._build_fleet_frames()[operator]
+    def fleet_frame(self, servers: bool) -> bytes:
+        """A `fleet` event as of now, for a new operator stream (with the servers or not)."""
+        return self._build_fleet_frames()[servers]
 
     def _fleet_frame_for(self, watcher: Watcher) -> bytes:
-        return self._fleet_frames[watcher.operator]
+        return self._fleet_frames[watcher.fleet]
 
     def _build_fleet_frames(self) -> tuple[bytes, bytes]:
         state = {"ready": self.ready, "at": round(time.time() * 1000)}

@@ -85,15 +85,16 @@ def _removal_key(task_id: str) -> str:
 
 
 class Watcher(Subscriber):
-    """One operator stream: its filter, whether its caller is an operator, and (when the
-    filter narrows) which tasks it has shown, so a task leaving the view is announced."""
+    """One operator stream: its filter, whether its caller sees the fleet's servers, and
+    (when the filter narrows) which tasks it has shown, so a task leaving the view is
+    announced."""
 
-    __slots__ = ("filter", "operator", "shown")
+    __slots__ = ("filter", "fleet", "shown")
 
-    def __init__(self, task_filter: TaskFilter, operator: bool) -> None:
+    def __init__(self, task_filter: TaskFilter, fleet: bool) -> None:
         super().__init__(b"null", ())
         self.filter = task_filter
-        self.operator = operator
+        self.fleet = fleet
         # Unfiltered, every task is shown; narrowed, only those that matched.
         self.shown: set[str] | None = set() if task_filter.narrows else None
 

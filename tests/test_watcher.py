@@ -47,7 +47,7 @@ def test_query_parameters_repeat_or_list_and_are_checked() -> None:
 async def test_a_slow_watcher_holds_one_state_per_task() -> None:
     metrics = Metrics()
     fanout = Fanout(metrics)
-    watcher = Watcher(TaskFilter(), operator=True)
+    watcher = Watcher(TaskFilter(), fleet=True)
     fanout.watch(watcher)
     for revision in range(1, 501):
         fanout.publish(snap("a", revision))
@@ -65,7 +65,7 @@ async def test_a_slow_watcher_holds_one_state_per_task() -> None:
 
 
 def test_a_removal_replaces_an_unsent_state_and_a_new_state_an_unsent_removal() -> None:
-    watcher = Watcher(TaskFilter(statuses=frozenset({"working"})), operator=True)
+    watcher = Watcher(TaskFilter(statuses=frozenset({"working"})), fleet=True)
     watcher.initial([snap("a", 1)])
     assert watcher.offer_task(snap("a", 2, "input_required"))  # leaves the filter
     assert frames(watcher) == [("removed", {"taskId": "a"})]
@@ -78,8 +78,8 @@ def test_a_removal_replaces_an_unsent_state_and_a_new_state_an_unsent_removal() 
 
 
 def test_an_unfiltered_watcher_hears_every_removal_and_a_filtered_one_its_own() -> None:
-    everything = Watcher(TaskFilter(), operator=True)
-    alices = Watcher(TaskFilter(owners=frozenset({"alice"})), operator=False)
+    everything = Watcher(TaskFilter(), fleet=True)
+    alices = Watcher(TaskFilter(owners=frozenset({"alice"})), fleet=False)
     alices.initial([snap("a", 1), snap("b", 1, owner="bob")])
     for watcher in (everything, alices):
         watcher.offer_removal(snap("a", 1))

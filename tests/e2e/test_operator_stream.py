@@ -100,6 +100,9 @@ async def test_anonymous_on_an_open_hub_sees_the_anonymous_tasks(
         hello, tasks = await events.opening()
         assert hello["principal"] == "anonymous" and hello["operator"] is False
         assert anonymous in tasks and alices not in tasks
+        # An open hub has no operators: the servers' health is everyone's there.
+        fleet = await events.until("fleet")
+        assert any(entry["server"] == "srv-1" for entry in fleet["servers"])
 
 
 async def test_a_status_filter_says_when_a_task_leaves_it(secured: Secured) -> None:
