@@ -152,6 +152,9 @@ class NatsServerProcess:
             args,
             stdin=subprocess.DEVNULL,
             preexec_fn=die_with_parent if sys.platform == "linux" else None,
+            # Out of the terminal's process group: Ctrl-C reaches the hub alone, which ends
+            # its streams, drains NATS and only then stops the server (hub/cli.py).
+            start_new_session=True,
         )
         deadline = time.monotonic() + timeout
         ports_file = ports_dir / f"nats-server_{self.process.pid}.ports"

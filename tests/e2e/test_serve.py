@@ -93,6 +93,45 @@ async def test_serve_starts_answers_and_shuts_down_gracefully(tmp_path: Path) ->
             await proc.wait()
 
 
+async def test_a_terminal_ctrl_c_reaches_the_hub_and_not_its_nats(tmp_path: Path) -> None:
+    """Ctrl-C signals the terminal's whole foreground process group; the embedded
+    nats-server is outside it, so the hub says goodbye, drains and stops it in order."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    args = ["serve", "--port", str(port), "--data-dir", str(tmp_path)]
+    # A process group of its own, as a shell gives a foreground job.
+    proc = await asyncio.create_subprocess_exec(*taskhub_command(), *args, start_new_session=True)
+    try:
+        ports_dir = tmp_path / "nats" / "ports"
+        await eventually(lambda: any(ports_dir.glob("*.ports")), timeout=10)
+        nats_pid = int(next(ports_dir.glob("*.ports")).stem.split("_")[1])
+        assert os.getpgid(nats_pid) != os.getpgid(proc.pid)
+        async with httpx.AsyncClient(timeout=5) as client:
+            await eventually(lambda: ready(client, url), timeout=10)
+            body = rpc("subscriptions/listen", {"notifications": {"taskIds": []}}, id=8)
+            async with client.stream(
+                "POST", url + "/mcp", json=body, headers=headers_for(body)
+            ) as response:
+                stream = SseStream(response)
+                await stream.next()  # the ack
+                os.killpg(os.getpgid(proc.pid), signal.SIGINT)
+                assert (await stream.next())["result"]["resultType"] == "complete"
+        async with asyncio.timeout(15):
+            assert await proc.wait() == 0
+        await eventually(lambda: not pid_alive(nats_pid), timeout=10)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+
+
+async def ready(client: httpx.AsyncClient, url: str) -> bool:
+    try:
+        return (await client.get(url + "/readyz")).status_code == 200
+    except httpx.TransportError:
+        return False
+
+
 async def test_embedded_nats_dies_with_a_killed_hub(tmp_path: Path) -> None:
     args = ["serve", "--port", str(free_port()), "--data-dir", str(tmp_path)]
     proc = await asyncio.create_subprocess_exec(*taskhub_command(), *args)
