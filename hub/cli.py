@@ -17,7 +17,7 @@ import os
 import signal
 import socket
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from types import FrameType
 
 import uvicorn
@@ -89,7 +89,11 @@ class HubServer(uvicorn.Server):
         super().handle_exit(sig, frame)
 
 
-def build_server(config: Config, nats_url: str) -> HubServer:
+# Makes the uvicorn server around a hub; `taskhub demo` passes a subclass that runs its fleet.
+ServerFactory = Callable[[uvicorn.Config, Hub], HubServer]
+
+
+def build_server(config: Config, nats_url: str, factory: ServerFactory = HubServer) -> HubServer:
     hub = Hub(config, nats_url)
     app = create_app(config, nats_url, hub)
     uv_config = uvicorn.Config(
@@ -105,12 +109,17 @@ def build_server(config: Config, nats_url: str) -> HubServer:
         # Beyond the stream limit, plain requests still get room before uvicorn's 503.
         limit_concurrency=config.max_streams + 1024,
     )
-    return HubServer(uv_config, hub)
+    return factory(uv_config, hub)
 
 
-def run_server(config: Config, nats_url: str, sock: socket.socket | None = None) -> int:
+def run_server(
+    config: Config,
+    nats_url: str,
+    sock: socket.socket | None = None,
+    factory: ServerFactory = HubServer,
+) -> int:
     """One hub process until a signal stops it; 0 after a clean stop."""
-    server = build_server(config, nats_url)
+    server = build_server(config, nats_url, factory)
     server.run(sockets=None if sock is None else [sock])
     # uvicorn returns without `started` when the lifespan start-up failed.
     return 0 if server.started else 1
@@ -159,13 +168,33 @@ def serve(config: Config) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from hub import demo, tail  # late: both import this module
+
     parser = argparse.ArgumentParser(prog="taskhub", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
     serve_parser = commands.add_parser("serve", help="run the hub")
     add_serve_options(serve_parser, os.environ)
+    tail_parser = commands.add_parser(
+        "tail",
+        help="follow tasks live in a terminal",
+        description="Follow a hub's operator stream: a live table on a terminal, a line per "
+        "change on a pipe, JSON lines with --json (docs/dashboard.md).",
+    )
+    tail.add_tail_options(tail_parser, os.environ)
+    demo_parser = commands.add_parser(
+        "demo",
+        help="a hub with a simulated fleet, for a first look",
+        description="Run an embedded NATS, an open hub on loopback and a simulated fleet of "
+        "three servers, until Ctrl-C (docs/dashboard.md).",
+    )
+    demo.add_demo_options(demo_parser)
     args = parser.parse_args(argv)
     if args.command == "serve":
         return serve(config_from_namespace(args, serve_parser))
+    if args.command == "tail":
+        return tail.tail(tail.options_from_namespace(args))
+    if args.command == "demo":
+        return demo.demo(demo.config_for(args, demo_parser), args.data_dir)
     parser.error(f"unknown command {args.command}")
     return 2
 

@@ -30,11 +30,11 @@ OTHER_COMMANDS = {
 }
 
 
-def cli_flags() -> set[str]:
-    """The long options of `taskhub serve`, read from its --help as a user sees them."""
+def cli_flags(command: str = "serve") -> set[str]:
+    """The long options of `taskhub <command>`, read from its --help as a user sees them."""
     out = io.StringIO()
     with contextlib.redirect_stdout(out), pytest.raises(SystemExit) as exited:
-        main(["serve", "--help"])
+        main([command, "--help"])
     assert exited.value.code == 0
     options = re.findall(r"^ {2}(?:-\w, )?(--[a-z][a-z0-9-]*)", out.getvalue(), re.MULTILINE)
     return set(options) - {"--help"}
@@ -68,6 +68,17 @@ def serve_flags_named(text: str) -> set[str]:
     return named
 
 
+def flags_given_to(command: str, text: str) -> set[str]:
+    """Flags the README writes after `taskhub <command>` in a command."""
+    pattern = re.compile(rf"\btaskhub {command}\b")
+    named: set[str] = set()
+    for line in commands(text):
+        found = pattern.search(line)
+        if found is not None:
+            named.update(FLAG.findall(line[found.end() :].split("#")[0]))
+    return named
+
+
 def table_flags(text: str) -> list[str]:
     """The first column of the configuration table."""
     section = text.split("\n## Configuration\n", 1)[1].split("\n## ", 1)[0]
@@ -78,6 +89,12 @@ def test_every_serve_flag_the_readme_names_exists() -> None:
     named = serve_flags_named(README.read_text())
     assert "--send-timeout" in named and "--nats-url" in named  # prose and commands count
     assert named - cli_flags() == set(), "the README names flags `taskhub serve` lacks"
+
+
+@pytest.mark.parametrize("command", ["tail", "demo"])
+def test_every_flag_the_readme_gives_tail_and_demo_exists(command: str) -> None:
+    named = flags_given_to(command, README.read_text())
+    assert named - cli_flags(command) == set(), f"the README names flags `taskhub {command}` lacks"
 
 
 def test_the_configuration_table_lists_every_flag_once() -> None:
