@@ -14,6 +14,10 @@ Commands:
   `tools_call`: the same loop of `tools/call` (the front door's load).
 - `follow_poll`: each client polls its task every `interval_ms` and notes when it first
   sees each new state (staleness).
+- `dashboards_open`: open N operator streams (`GET /operator/stream`) and wait until each
+  has its initial state (hello … synced); `dashboards_measure`: `event: task` frames and
+  write→delivery latency for a while; `dashboards_seen`: task frames per dashboard since
+  the last call (whatever the hub delivered late included); `dashboards_close`: reset all.
 
 Sockets close with SO_LINGER 0 (a reset, no TIME_WAIT), so repeated storms of 10k
 connections never exhaust the loopback's ephemeral ports.
@@ -34,7 +38,7 @@ import uvloop
 from bench import protocol
 from bench.control import Params, serve
 from bench.processes import raise_fd_limit, self_cpu_seconds
-from bench.stats import latency_summary
+from bench.stats import latency_summary, percentile
 
 _LINGER_RESET = struct.pack("ii", 1, 0)
 
@@ -191,6 +195,145 @@ class ListenLoad:
             stream.reset()
         await asyncio.sleep(0.05)  # let the resets go out before the next command
         return {"closed": len(streams)}
+
+
+# -- operator streams (dashboards) --------------------------------------------------------
+
+
+class Dashboard(asyncio.Protocol):
+    """One `GET /operator/stream`, read byte-wise: its initial state (hello … synced), then
+    the `event: task` frame of each change, counted per dashboard (coalescing shows as a
+    dashboard seeing fewer changes than were written)."""
+
+    def __init__(self, request: bytes, tally: Tally) -> None:
+        self.request = request
+        self.tally = tally
+        self.scanner = protocol.SseScanner()
+        self.transport: asyncio.Transport | None = None
+        self.seen = 0  # task frames since the last `dashboards_seen`
+        self.initial_tasks = 0  # task frames before `synced`
+        self.initial_bytes = 0
+        self.ready: asyncio.Future[float] = asyncio.get_running_loop().create_future()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)
+        self.transport.write(self.request)
+
+    def data_received(self, data: bytes) -> None:
+        self.tally.bytes += len(data)
+        events = self.scanner.feed(data)
+        if self.ready.done():
+            if events:
+                self._changes(events)
+            return
+        self.initial_bytes += len(data)
+        if not events:
+            if self.scanner.streaming and self.scanner.status != 200:
+                self._fail(f"HTTP {self.scanner.status}")
+            return
+        # Before `synced`: the current states, which are not deliveries of a change.
+        synced = events.find(protocol.SYNCED_EVENT)
+        end = synced if synced >= 0 else len(events)
+        self.initial_tasks += events.count(protocol.TASK_EVENT, 0, end)
+        if synced >= 0:
+            self.ready.set_result(time.perf_counter())
+            self._changes(events[synced:])
+
+    def _changes(self, events: bytes) -> None:
+        frames = events.count(protocol.TASK_EVENT)
+        if not frames:
+            return
+        tally = self.tally
+        self.seen += frames
+        tally.frames += frames
+        if tally.recording:
+            now = time.time_ns()
+            tally.latencies.extend(now - int(s) for s in protocol.frame_stamps(events))
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._fail("connection closed")
+        self.transport = None
+
+    def _fail(self, why: str) -> None:
+        if not self.ready.done():
+            self.ready.set_exception(ConnectionError(why))
+
+    def reset(self) -> None:
+        if self.transport is not None:
+            self.transport.abort()
+
+
+class DashboardLoad:
+    def __init__(self) -> None:
+        self.tally = Tally()
+        self.dashboards: list[Dashboard] = []
+
+    async def open(self, p: Params) -> Params:
+        """Open `dashboards` operator streams at once; when the last had its initial state."""
+        port: int = p["port"]
+        request = protocol.operator_stream(port)
+        self.tally.reset(recording=False)
+
+        async def one() -> float:
+            _, dashboard = await _connect(port, lambda: Dashboard(request, self.tally))
+            self.dashboards.append(dashboard)
+            synced: float = await dashboard.ready
+            return synced
+
+        cpu = self_cpu_seconds()
+        started = time.perf_counter()
+        async with asyncio.timeout(p.get("timeout", 120.0)):
+            results = await asyncio.gather(
+                *(one() for _ in range(p["dashboards"])), return_exceptions=True
+            )
+        failures = [r for r in results if isinstance(r, BaseException)]
+        synced = sorted(r - started for r in results if isinstance(r, float))
+        tasks = [d.initial_tasks for d in self.dashboards if d.ready.done()]
+        return {
+            "opened": len(synced),
+            "failed": len(failures),
+            "first_error": repr(failures[0]) if failures else "",
+            "seconds": synced[-1] if synced else 0.0,
+            "p50_seconds": percentile(synced, 50),
+            "initial_tasks_min": min(tasks, default=0),
+            "initial_bytes": sum(d.initial_bytes for d in self.dashboards),
+            "client_cpu_s": self_cpu_seconds() - cpu,
+        }
+
+    async def measure(self, p: Params) -> Params:
+        """Task frames delivered to all dashboards for `seconds`, and their latency."""
+        seconds: float = p["seconds"]
+        self.tally.reset(recording=p.get("latency", True))
+        cpu = self_cpu_seconds()
+        started = time.perf_counter()
+        await asyncio.sleep(seconds)
+        elapsed = time.perf_counter() - started
+        tally = self.tally
+        answer: Params = {
+            "frames": tally.frames,
+            "bytes": tally.bytes,
+            "seconds": elapsed,
+            "rate": tally.frames / elapsed,
+            "client_cpu_s": self_cpu_seconds() - cpu,
+            "open": sum(1 for d in self.dashboards if d.transport is not None),
+            **latency_summary(tally.latencies),
+        }
+        tally.reset(recording=False)
+        return answer
+
+    async def seen(self, p: Params) -> Params:
+        """Task frames each dashboard got since the last call: mean and fewest."""
+        seen = [d.seen for d in self.dashboards]
+        for dashboard in self.dashboards:
+            dashboard.seen = 0
+        return {"mean": sum(seen) / max(1, len(seen)), "min": min(seen, default=0)}
+
+    async def close(self, p: Params) -> Params:
+        dashboards, self.dashboards = self.dashboards, []
+        for dashboard in dashboards:
+            dashboard.reset()
+        await asyncio.sleep(0.05)  # let the resets go out before the next command
+        return {"closed": len(dashboards)}
 
 
 # -- request/response ---------------------------------------------------------------------
@@ -427,11 +570,16 @@ async def follow_poll(p: Params) -> Params:
 
 async def main() -> None:
     listen = ListenLoad()
+    dashboards = DashboardLoad()
     await serve(
         {
             "listen_open": listen.open,
             "listen_measure": listen.measure,
             "listen_close": listen.close,
+            "dashboards_open": dashboards.open,
+            "dashboards_measure": dashboards.measure,
+            "dashboards_seen": dashboards.seen,
+            "dashboards_close": dashboards.close,
             "poll": poll,
             "tools_call": tools_call,
             "follow_poll": follow_poll,
@@ -439,6 +587,7 @@ async def main() -> None:
     )
     with contextlib.suppress(Exception):
         await listen.close({})
+        await dashboards.close({})
 
 
 if __name__ == "__main__":

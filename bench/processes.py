@@ -72,6 +72,15 @@ def cpu_seconds(pid: int) -> float:
     return sum(cpu_times(pid))
 
 
+def machine_busy_seconds() -> float:
+    """CPU seconds every core of the machine spent busy, whoever ran (/proc/stat's `cpu`
+    line less idle and iowait): beside the bench's own processes, what others took."""
+    with open("/proc/stat", "rb") as f:
+        fields = [int(value) for value in f.readline().split()[1:]]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = fields[:8]
+    return (user + nice + system + irq + softirq + steal) / _CLOCK_TICKS
+
+
 def rss_bytes(pid: int) -> int:
     """Resident set size (/proc/<pid>/statm, second field, in pages)."""
     with open(f"/proc/{pid}/statm", "rb") as f:

@@ -39,6 +39,10 @@ _SSE_STAMP = re.compile(rb'"statusMessage":"t=(\d{19})"')
 # Servers built on other JSON encoders may put a space after the colon.
 _BODY_STAMP = re.compile(rb'"statusMessage":\s?"t=(\d{19})"')
 ACK_MARK = b"notifications/subscriptions/acknowledged"
+# The operator stream's named events (docs/dashboard.md): one `event:` line per frame.
+TASK_EVENT = b"event: task\n"
+HELLO_EVENT = b"event: hello\n"
+SYNCED_EVENT = b"event: synced\n"
 
 
 def stamp() -> str:
@@ -95,6 +99,14 @@ def listen(port: int, task_ids: list[str], request_id: int | str) -> bytes:
 
 def get(port: int, path: str) -> bytes:
     return f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n".encode()
+
+
+def operator_stream(port: int) -> bytes:
+    """`GET /operator/stream` as a dashboard's EventSource sends it (no credentials)."""
+    return (
+        f"GET /operator/stream HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+        "Accept: text/event-stream\r\nCache-Control: no-cache\r\n\r\n"
+    ).encode()
 
 
 def body_stamp(body: bytes) -> int | None:

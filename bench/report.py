@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from bench.front_door import FRONT_DOOR_CALLS
+from bench.operator_stream import PROCESSES
 
 Results = dict[str, dict[str, float]]
 Row = tuple[str, str, str, str, str]
@@ -217,6 +218,54 @@ def _front_door(r: dict[str, float]) -> list[Row]:
     return rows
 
 
+def _busiest(r: dict[str, float], window: str) -> str:
+    """Which process ran out of CPU in a window: one near a whole core (the Python ones are
+    single-threaded), else the machine if its cores were all busy, else none."""
+    cores = {name: r[f"{window}_{key}_cpu_cores"] for key, name in PROCESSES.items()}
+    busiest = max(cores, key=lambda name: cores[name])
+    rest = [f"{name} {value:.2f}" for name, value in cores.items() if name != busiest]
+    rest.append(f"other processes {r[f'{window}_others_cpu_cores']:.2f}")
+    spent = f"{busiest} at {cores[busiest]:.2f} cores; {', '.join(rest)}"
+    if cores[busiest] >= 0.9:
+        return f"saturated: **{spent}**"
+    if sum(cores.values()) + r[f"{window}_others_cpu_cores"] >= 0.9 * r["cores"]:
+        return f"saturated: all {r['cores']:.0f} cores busy ({spent})"
+    return f"none saturated ({spent})"
+
+
+def _operator(r: dict[str, float]) -> list[Row]:
+    rows: list[Row] = [
+        (
+            f"operator stream ({r['dashboards']:,.0f} dashboards, {r['tasks']:,.0f} tasks)",
+            f"initial state to every dashboard, hello … synced ({r['initial_mb']:.2f} MB each)",
+            f"**{r['initial_seconds']:.2f} s**",
+            f"p50 dashboard {r['initial_p50_seconds']:.2f} s",
+            "",
+        )
+    ]
+    windows = [f"paced{i}" for i in range(1, 100) if f"paced{i}_offered" in r] + ["flat"]
+    for w in windows:
+        offered = (
+            f"flat out ({r['flat_in_flight']:.0f} writes in flight)"
+            if w == "flat"
+            else f"offered {_n(r[f'{w}_offered'])}/s"
+        )
+        rows.append(
+            (
+                "",
+                f"{offered}: changes/s written → frames/s delivered (per dashboard; share of "
+                "changes a dashboard saw, mean / slowest); p50 / p99 write→delivery",
+                f"{_n(r[f'{w}_written'])} → **{_n(r[f'{w}_rate'])}** "
+                f"({_n(r[f'{w}_per_dashboard'])}; {r[f'{w}_share']:.0%} / "
+                f"{r[f'{w}_share_min']:.0%}); {_ms(r[f'{w}_p50_ms'])} / "
+                f"**{_ms(r[f'{w}_p99_ms'])}** ms",
+                f"hub {r[f'{w}_us_per_frame']:.1f} µs CPU per frame; {_busiest(r, w)}",
+                "",
+            )
+        )
+    return rows
+
+
 _ROWS: dict[str, Callable[[dict[str, float]], list[Row]]] = {
     "fanout": _fanout,
     "storm": _storm,
@@ -225,6 +274,7 @@ _ROWS: dict[str, Callable[[dict[str, float]], list[Row]]] = {
     "cold_start": _cold_start,
     "writes": _writes,
     "front_door": _front_door,
+    "operator": _operator,
 }
 
 

@@ -23,6 +23,8 @@ work is the figure that sharing disturbs least.
                  sync_interval (2m) and under "always" (an fsync before every ack).
 (g) front_door   closed-loop `tools/call` through the hub's front door against the same
                  upstream called directly (bench/front_door.py).
+(h) operator     D dashboards on `GET /operator/stream` over T tasks: their initial state,
+                 then changes at paced rates and flat out (bench/operator_stream.py).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from typing import Any
 from bench.control import Params, Worker
 from bench.front_door import front_door
 from bench.harness import Harness, Server, bucket_name, server_stats
+from bench.operator_stream import operator
 from bench.processes import cpu_seconds
 from bench.sizes import Sizes
 from bench.stats import Metrics, medians
@@ -457,4 +460,5 @@ SCENARIOS: dict[str, Scenario] = {
     "cold_start": cold_start,
     "writes": writes,
     "front_door": front_door,
+    "operator": operator,
 }

@@ -7,6 +7,10 @@ several followers (a dashboard, other tabs), and every frame is its own write, t
 hub's worst case. `fanout_saturation_rate` is the writer's top rate: times the fan-out
 it offers more notifications than one Python process can send, so the saturation search
 (bench/scenarios.py) can overload any server.
+
+The operator stream's dashboards each see every task, so a change costs the hub one frame
+per dashboard; its paced rates are changes/s, and "flat out" paces at a rate no writer
+reaches with `operator_flat_in_flight` writes outstanding (bench/operator_stream.py).
 """
 
 from __future__ import annotations
@@ -45,6 +49,13 @@ class Sizes:
     # (g) front door: closed-loop tools/call, upstream directly and through the hub
     front_door_connections: int
     front_door_seconds: float
+    # (h) operator stream: dashboards over a bucket of tasks, paced changes/s, then flat out
+    operator_dashboards: int
+    operator_tasks: int
+    operator_rates: tuple[float, ...]
+    operator_flat_rate: float
+    operator_flat_in_flight: int
+    operator_seconds: float
     warmup_seconds: float = 0.5
 
 
@@ -71,6 +82,12 @@ FULL = Sizes(
     writes_seconds=4.0,
     front_door_connections=64,
     front_door_seconds=4.0,
+    operator_dashboards=100,
+    operator_tasks=10_000,
+    operator_rates=(1000, 5000),
+    operator_flat_rate=50_000,
+    operator_flat_in_flight=256,
+    operator_seconds=3.0,
 )
 
 QUICK = Sizes(
@@ -96,6 +113,12 @@ QUICK = Sizes(
     writes_seconds=1.0,
     front_door_connections=64,
     front_door_seconds=1.0,
+    operator_dashboards=100,
+    operator_tasks=2000,
+    operator_rates=(500, 2000),
+    operator_flat_rate=50_000,
+    operator_flat_in_flight=256,
+    operator_seconds=1.0,
     warmup_seconds=0.3,
 )
 
@@ -122,6 +145,12 @@ SMOKE = Sizes(
     writes_seconds=0.3,
     front_door_connections=4,
     front_door_seconds=0.3,
+    operator_dashboards=3,
+    operator_tasks=10,
+    operator_rates=(50,),
+    operator_flat_rate=5000,
+    operator_flat_in_flight=4,
+    operator_seconds=0.3,
     warmup_seconds=0.1,
 )
 

@@ -5,11 +5,17 @@ by JSON-line commands (bench/control.py). Every statusMessage is a publish stamp
 (bench/protocol.py), taken just before the bridge call, so latency at a client counts
 the whole path: bridge encode, JetStream store, watch delivery, hub, socket.
 
+Tasks are spread over bridges of TASKS_PER_BRIDGE each, task i on bridge i // that, as a
+fleet spreads them over servers: a bridge keeps the last revision of 4096 tasks, so one
+bridge cycling through 10,000 would read every task back before each write and the bench
+would measure its cache misses.
+
 Commands:
 - `create`: N new tasks (bounded concurrency); returns their ids.
 - `pace_start` / `pace_stop`: update given tasks round-robin at a target rate; at most one
-  write per task in flight, so the compare-and-set never races itself (a due update whose
-  task is still busy is skipped and counted).
+  write per task in flight, so the compare-and-set never races itself, and at most
+  `in_flight` in all if given, so a rate past the writer's own ceiling means "flat out"
+  rather than a queue of stale stamps (a due update that cannot go is skipped and counted).
 - `burst`: bridge updates/s at full speed, `concurrency` coroutines each on its own task.
 - `populate`: N envelopes published raw (`js.publish` with a bounded number in flight),
   for the cold-start scenario; the bridge's one-by-one durability is not what is measured.
@@ -38,6 +44,7 @@ from bridge.wire import DetailedTask, Envelope, encode, kv_stream, kv_subject
 
 OWNER = "anonymous"  # the hub runs without auth on loopback
 TICK_S = 0.002
+TASKS_PER_BRIDGE = 4000  # within TaskBridge's cache of revisions (4096)
 
 
 async def _bounded(count: int, concurrency: int, job: Any) -> None:
@@ -54,10 +61,17 @@ async def _bounded(count: int, concurrency: int, job: Any) -> None:
 class Pacer:
     """Round-robin updates at a target rate, one write per task in flight at most."""
 
-    def __init__(self, bridge: TaskBridge, task_ids: list[str], rate: float) -> None:
-        self.bridge = bridge
+    def __init__(
+        self,
+        bridges: list[TaskBridge],
+        task_ids: list[str],
+        rate: float,
+        in_flight: int | None = None,
+    ) -> None:
+        self.bridges = bridges
         self.task_ids = task_ids
         self.rate = rate
+        self.in_flight = in_flight or len(task_ids)
         self.busy: set[str] = set()
         self.issued = 0
         self.done = 0
@@ -74,19 +88,20 @@ class Pacer:
             due = int(self.rate * (time.perf_counter() - self.started)) - self.issued
             for _ in range(max(0, due)):
                 self.issued += 1
-                task_id = self.task_ids[next_task]
+                index, task_id = next_task, self.task_ids[next_task]
                 next_task = (next_task + 1) % len(self.task_ids)
-                if task_id in self.busy:
+                if task_id in self.busy or len(self.busy) >= self.in_flight:
                     self.skipped += 1
                     continue
                 self.busy.add(task_id)
-                write = asyncio.create_task(self._write(task_id))
+                bridge = self.bridges[index // TASKS_PER_BRIDGE]
+                write = asyncio.create_task(self._write(bridge, task_id))
                 self.writes.add(write)
                 write.add_done_callback(self.writes.discard)
 
-    async def _write(self, task_id: str) -> None:
+    async def _write(self, bridge: TaskBridge, task_id: str) -> None:
         try:
-            await self.bridge.working(task_id, status_message=stamp())
+            await bridge.working(task_id, status_message=stamp())
             self.done += 1
         except Exception:
             self.errors += 1
@@ -113,22 +128,22 @@ class Writer:
     def __init__(self, nats_url: str, bucket: str) -> None:
         self.nats_url = nats_url
         self.bucket = bucket
-        self.bridge: TaskBridge | None = None
+        self.bridges: list[TaskBridge] = []
         self.pacer: Pacer | None = None
 
-    async def _bridge(self) -> TaskBridge:
-        if self.bridge is None:
-            self.bridge = await TaskBridge.connect(
-                self.nats_url, "bench-writer", bucket=self.bucket
-            )
-        return self.bridge
+    async def _bridges(self, tasks: int) -> list[TaskBridge]:
+        """Enough bridges for `tasks` tasks (one at least), each a server of its own."""
+        while len(self.bridges) * TASKS_PER_BRIDGE < max(1, tasks):
+            server = "bench-writer" + (f"-{len(self.bridges) + 1}" if self.bridges else "")
+            self.bridges.append(await TaskBridge.connect(self.nats_url, server, bucket=self.bucket))
+        return self.bridges
 
     async def create(self, p: Params) -> Params:
-        bridge = await self._bridge()
+        bridges = await self._bridges(p["count"])
         ids: list[str] = [""] * p["count"]
 
         async def one(i: int) -> None:
-            record = await bridge.create(
+            record = await bridges[i // TASKS_PER_BRIDGE].create(
                 owner=OWNER, poll_interval_ms=p.get("poll_interval_ms"), status_message=stamp()
             )
             ids[i] = record.task_id
@@ -139,7 +154,9 @@ class Writer:
     async def pace_start(self, p: Params) -> Params:
         if self.pacer is not None:
             await self.pacer.stop()
-        self.pacer = Pacer(await self._bridge(), p["task_ids"], p["rate"])
+        task_ids: list[str] = p["task_ids"]
+        bridges = await self._bridges(len(task_ids))
+        self.pacer = Pacer(bridges, task_ids, p["rate"], p.get("in_flight"))
         return {}
 
     async def pace_stop(self, p: Params) -> Params:
@@ -150,7 +167,7 @@ class Writer:
 
     async def burst(self, p: Params) -> Params:
         """Updates/s at full speed: each coroutine updates its own task back to back."""
-        bridge = await self._bridge()
+        bridge = (await self._bridges(1))[0]
         concurrency: int = p["concurrency"]
         task_ids = (await self.create({"count": concurrency}))["task_ids"]
         count = 0
@@ -204,8 +221,8 @@ class Writer:
     async def close(self) -> None:
         if self.pacer is not None:
             await self.pacer.stop()
-        if self.bridge is not None:
-            await self.bridge.close()
+        for bridge in self.bridges:
+            await bridge.close()
 
 
 async def main(nats_url: str, bucket: str) -> None:

@@ -8,6 +8,7 @@ asserts the shape of the output (every acceptance key, numeric), never a timing.
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +17,7 @@ import pytest
 
 from bench import protocol, report
 from bench.front_door import FRONT_DOOR_CALLS
+from bench.operator_stream import PROCESSES
 from bench.stats import latency_summary, percentile
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -48,7 +50,35 @@ REQUIRED = {
             "direct_us_per_request",
         )
     ),
+    "operator": (
+        "dashboards",
+        "tasks",
+        "initial_seconds",
+        "initial_p50_seconds",
+        "initial_mb",
+        *(
+            f"{window}_{key}"
+            for window in ("paced1", "flat")
+            for key in (
+                "offered",
+                "written",
+                "rate",
+                "per_dashboard",
+                "share",
+                "share_min",
+                "p50_ms",
+                "p99_ms",
+                "us_per_frame",
+                *(f"{process}_cpu_cores" for process in (*PROCESSES, "others")),
+            )
+        ),
+    ),
 }
+# Operator-stream figures that must be above zero in any run: the dashboards synced, every
+# window wrote changes and delivered them. CPU figures may round to 0 in a smoke window.
+OPERATOR_POSITIVE = tuple(
+    key for key in REQUIRED["operator"] if "cpu" not in key and "per_frame" not in key
+)
 
 
 @pytest.mark.timeout(150)
@@ -67,6 +97,9 @@ def test_smoke_run_prints_one_json_object_with_every_key() -> None:
             value = result[scenario][key]
             assert isinstance(value, int | float) and not isinstance(value, bool), (scenario, key)
     assert result["fanout"]["hub_rate"] > 0 and result["poll"]["hub_rps"] > 0
+    dashboards = result["operator"]
+    assert all(math.isfinite(value) and value >= 0 for value in dashboards.values()), dashboards
+    assert all(dashboards[key] > 0 for key in OPERATOR_POSITIVE), dashboards
     assert result["push_vs_poll"]["fleet_requests_push"] == 0  # the hub spares the fleet
     assert result["push_vs_poll"]["fleet_requests_poll"] > 0
     front = result["front_door"]
@@ -162,6 +195,33 @@ def test_front_door_rows_show_each_answer_form_beside_the_direct_call() -> None:
     rate_rows = rows[::2]
     assert [row[1].split(":")[0] for row in rate_rows] == [c.label for c in FRONT_DOOR_CALLS]
     assert all("**500**" in row[2] and "→ **0.50×**" in row[3] for row in rate_rows)
+
+
+def _operator_figures(**cores: float) -> dict[str, float]:
+    figures = dict.fromkeys(REQUIRED["operator"], 1.0)
+    figures.update(dashboards=100.0, tasks=10_000.0, cores=2.0, flat_in_flight=64.0)
+    for window in ("paced1", "flat"):
+        for process in (*PROCESSES, "others"):
+            figures[f"{window}_{process}_cpu_cores"] = cores.get(process, 0.1)
+    return figures
+
+
+@pytest.mark.parametrize(
+    ("cores", "verdict"),
+    [
+        ({"hub": 0.97}, "saturated: **hub at 0.97 cores"),
+        ({"writer": 0.6, "others": 1.3}, "saturated: all 2 cores busy (writer at 0.60 cores"),
+        ({}, "none saturated (hub at 0.10 cores"),
+    ],
+)
+def test_operator_rows_say_which_process_saturated(cores: dict[str, float], verdict: str) -> None:
+    rows = report._operator(_operator_figures(**cores))
+    assert rows[0][0] == "operator stream (100 dashboards, 10,000 tasks)"
+    assert [row[1].split(":")[0] for row in rows[1:]] == [
+        "offered 1/s",
+        "flat out (64 writes in flight)",
+    ]
+    assert all(len(row) == 5 and verdict in row[3] for row in rows[1:])
 
 
 def test_percentiles_are_nearest_rank() -> None:
