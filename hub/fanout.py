@@ -12,7 +12,9 @@ ASGI `send`. One hub-wide tick, not a timer per stream, sends keep-alives and dr
 streams whose client stopped reading.
 
 Operator streams (hub/watcher.py, docs/dashboard.md) are watchers: they see every published
-revision and removal through their own filter, and take the same flush.
+revision and removal through their own filter. Their flush runs at most every
+WATCHER_BATCH_S: a person's screen draws 60 times a second, and changes that arrive
+meanwhile go out in one write per dashboard instead of one each.
 
 Fleet change events (docs/fleet-events.md) take the same path: `publish_event` queues the
 event's frame on every stream that asked for it at that service's endpoint (coalescing per
@@ -29,11 +31,12 @@ from hub.cache import TaskSnapshot
 from hub.frames import event_frame
 from hub.metrics import Metrics
 from hub.subscriber import EndReason, Subscriber
-from hub.watcher import COALESCED, Watcher
+from hub.watcher import COALESCED, TaskEvents, Watcher
 
 # (service, kind, uri): kind "tools", "prompts", "resources" (uri "") or "resource" (a URI).
 EventKey = tuple[str, str, str]
 _METHODS = {kind: method.encode() for kind, method in EVENT_KINDS.values()}
+WATCHER_BATCH_S = 0.01
 
 
 class Fanout:
@@ -44,6 +47,9 @@ class Fanout:
         self._subscribers: set[Subscriber] = set()
         self._dirty: set[Subscriber] = set()
         self._watchers: set[Watcher] = set()
+        self._watchers_dirty: set[Watcher] = set()
+        self._watcher_flush: asyncio.TimerHandle | None = None
+        self.task_events = TaskEvents()  # the watchers' frames, once per revision
         # Fleet events: who follows which, with the follower's principal (an audience check).
         self._by_event: dict[EventKey, dict[Subscriber, str]] = {}
         self._events_of: dict[Subscriber, list[EventKey]] = {}
@@ -97,6 +103,9 @@ class Fanout:
         self._dirty.discard(subscriber)
         if isinstance(subscriber, Watcher):
             self._watchers.discard(subscriber)
+            self._watchers_dirty.discard(subscriber)
+            if not self._watchers:
+                self.task_events.clear()  # nobody to share them with: free the memory
         for task_id in list(subscriber.task_ids):
             self.unfollow(subscriber, task_id)
         for key in self._events_of.pop(subscriber, ()):
@@ -134,15 +143,16 @@ class Fanout:
         """The task left the cache: listen streams stop following it, watchers show it gone."""
         self.forget(snapshot.task_id)
         if self._watchers:
+            self.task_events.forget(snapshot.task_id)
             self._offer_watchers(snapshot, Watcher.offer_removal)
 
     def publish_to_watchers(self, key: str, frame_for: Callable[[Watcher], bytes]) -> None:
         """Queue a frame on every watcher (the fleet view), replacing its unsent one."""
         for watcher in self._watchers:
             watcher.offer_event(key, frame_for(watcher))
-            self._dirty.add(watcher)
+        self._watchers_dirty |= self._watchers
         if self._watchers:
-            self._schedule_flush()
+            self._schedule_watcher_flush()
 
     def _offer_watchers(
         self, snapshot: TaskSnapshot, offer: Callable[[Watcher, TaskSnapshot], int]
@@ -154,11 +164,26 @@ class Fanout:
             if outcome:
                 queued = True
                 coalesced += outcome == COALESCED
-                self._dirty.add(watcher)
+                self._watchers_dirty.add(watcher)
         if coalesced:
             self._metrics.coalesced_frames.inc(coalesced)
         if queued:
-            self._schedule_flush()
+            self._schedule_watcher_flush()
+
+    def _schedule_watcher_flush(self) -> None:
+        if self._watcher_flush is None:
+            loop = asyncio.get_running_loop()
+            self._watcher_flush = loop.call_later(WATCHER_BATCH_S, self._flush_watchers)
+
+    def _flush_watchers(self) -> None:
+        self._watcher_flush = None
+        dirty, self._watchers_dirty = self._watchers_dirty, set()
+        now = asyncio.get_running_loop().time()
+        sent = 0
+        for watcher in dirty:
+            sent += watcher.flush(now)
+        if sent:
+            self._metrics.notifications_sent.inc(sent)
 
     def _schedule_flush(self) -> None:
         if not self._flush_scheduled:

@@ -27,7 +27,7 @@ from hub.runtime import Hub
 from hub.sse import ListenStream
 from hub.subscriber import Subscriber
 from hub.task_reads import json_error
-from hub.watcher import TaskFilter, Watcher, sse_event, task_events
+from hub.watcher import TaskFilter, Watcher, sse_event
 
 STATUSES: tuple[str, ...] = get_args(Status)
 FILTERS = ("server", "status", "owner")
@@ -135,7 +135,8 @@ class OperatorStream:
         # The servers' health is the operators'; an open hub has none, so it is everyone's
         # there (counts and server ids, no task an owner could not see anyway).
         fleet = operator or hub.authenticator is None
-        watcher = Watcher(task_filter, fleet)
+        frames = hub.fanout.task_events
+        watcher = Watcher(task_filter, fleet, frames)
         first = watcher.initial(hub.cache.live())
         hub.fanout.watch(watcher)
 
@@ -145,7 +146,7 @@ class OperatorStream:
 
         frame = (
             hello(identity, operator, task_filter, hub)
-            + task_events(first)
+            + frames.join(first)
             + sse_event("synced", {"tasks": len(first)})
             + hub.fleet_frame(fleet)
         )

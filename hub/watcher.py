@@ -21,7 +21,8 @@ from hub.jsonrpc import line_safe
 from hub.subscriber import EndReason, Subscriber
 
 QUEUED, COALESCED = 1, 2  # what an offer did (0: nothing)
-_PREFIX_MEMO_LIMIT = 4096
+FRAME_MEMO_LIMIT = 32_768  # tasks whose latest frame is kept (~0.5 KB each)
+PREFIX_MEMO_LIMIT = 4096
 
 
 @dataclass(frozen=True)
@@ -53,31 +54,55 @@ def sse_event(name: str, data: Any) -> bytes:
     return b"event: " + name.encode() + b"\ndata: " + line_safe(msgspec.json.encode(data)) + b"\n\n"
 
 
-_prefixes: dict[tuple[str, str], bytes] = {}
+class TaskEvents:
+    """`event: task` frames, made once per task revision and shared by every watcher (and
+    every new stream's first states), as a listen stream's frames are spliced from bytes
+    encoded once. Bounded: beyond `limit` tasks the oldest frames go, to be made again."""
 
+    def __init__(self, limit: int = FRAME_MEMO_LIMIT) -> None:
+        self._limit = limit
+        self._frames: dict[str, tuple[int, bytes]] = {}
+        self._prefixes: dict[tuple[str, str], bytes] = {}  # a fleet has few of these pairs
 
-def _task_prefix(owner: str, server: str) -> bytes:
-    """`event: task` up to the task's JSON, memoised: a fleet has few owner/server pairs."""
-    prefix = _prefixes.get((owner, server))
-    if prefix is None:
-        if len(_prefixes) >= _PREFIX_MEMO_LIMIT:
-            _prefixes.clear()
-        prefix = _prefixes[owner, server] = (
-            b'event: task\ndata: {"owner":'
-            + line_safe(msgspec.json.encode(owner))
-            + b',"server":'
-            + line_safe(msgspec.json.encode(server))
-            + b',"task":'
-        )
-    return prefix
+    def __len__(self) -> int:
+        return len(self._frames)
 
+    def frame(self, snapshot: TaskSnapshot) -> bytes:
+        task_id = snapshot.task_id
+        held = self._frames.get(task_id)
+        if held is not None:
+            if held[0] == snapshot.revision:
+                return held[1]
+            del self._frames[task_id]  # re-inserted below: the newest go last
+        elif len(self._frames) >= self._limit:
+            del self._frames[next(iter(self._frames))]
+        frame = self._prefix(snapshot.owner, snapshot.server) + snapshot.body + b"}\n\n"
+        self._frames[task_id] = (snapshot.revision, frame)
+        return frame
 
-def task_events(snapshots: Iterable[TaskSnapshot]) -> bytes:
-    """`event: task` frames: owner, server and the DetailedTask bytes `tasks/get` serves."""
-    parts: list[bytes] = []
-    for snapshot in snapshots:
-        parts += (_task_prefix(snapshot.owner, snapshot.server), snapshot.body, b"}\n\n")
-    return b"".join(parts)
+    def join(self, snapshots: Iterable[TaskSnapshot]) -> bytes:
+        return b"".join(map(self.frame, snapshots))
+
+    def forget(self, task_id: str) -> None:
+        self._frames.pop(task_id, None)
+
+    def clear(self) -> None:
+        self._frames.clear()
+        self._prefixes.clear()
+
+    def _prefix(self, owner: str, server: str) -> bytes:
+        prefix = self._prefixes.get((owner, server))
+        if prefix is None:
+            if len(self._prefixes) >= PREFIX_MEMO_LIMIT:
+                self._prefixes.clear()
+            prefix = self._prefixes[owner, server] = (
+                b'event: task\ndata: {"owner":'
+                + line_safe(msgspec.json.encode(owner))
+                + b',"server":'
+                + line_safe(msgspec.json.encode(server))
+                + b',"task":'
+            )
+        return prefix
 
 
 def _removal_key(task_id: str) -> str:
@@ -89,12 +114,13 @@ class Watcher(Subscriber):
     (when the filter narrows) which tasks it has shown, so a task leaving the view is
     announced."""
 
-    __slots__ = ("filter", "fleet", "shown")
+    __slots__ = ("filter", "fleet", "frames", "shown")
 
-    def __init__(self, task_filter: TaskFilter, fleet: bool) -> None:
+    def __init__(self, task_filter: TaskFilter, fleet: bool, frames: TaskEvents) -> None:
         super().__init__(b"null", ())
         self.filter = task_filter
         self.fleet = fleet
+        self.frames = frames
         # Unfiltered, every task is shown; narrowed, only those that matched.
         self.shown: set[str] | None = set() if task_filter.narrows else None
 
@@ -112,7 +138,8 @@ class Watcher(Subscriber):
         if self.filter.matches(snapshot):
             if self.shown is not None:
                 self.shown.add(task_id)
-            self.events.pop(_removal_key(task_id), None)
+            if self.events:
+                self.events.pop(_removal_key(task_id), None)
             return COALESCED if self.offer(snapshot) else QUEUED
         if self.shown is not None and task_id in self.shown:
             return self.offer_removal(snapshot)
@@ -134,7 +161,7 @@ class Watcher(Subscriber):
         return COALESCED if replaced else QUEUED
 
     def frame_states(self, batch: list[TaskSnapshot]) -> bytes:
-        return task_events(batch)
+        return self.frames.join(batch)
 
     def goodbye(self) -> bytes:
         reason = "token_expired" if self.end_reason is EndReason.TOKEN_EXPIRED else "shutdown"

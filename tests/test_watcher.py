@@ -16,7 +16,7 @@ from hub.fanout import Fanout
 from hub.fleet_view import CONTROL_WAIT_S, FleetView
 from hub.metrics import Metrics
 from hub.operator import QueryError, parse_filter
-from hub.watcher import TaskFilter, Watcher
+from hub.watcher import TaskEvents, TaskFilter, Watcher
 from tests.helpers import envelope, new_task_id
 
 
@@ -47,7 +47,7 @@ def test_query_parameters_repeat_or_list_and_are_checked() -> None:
 async def test_a_slow_watcher_holds_one_state_per_task() -> None:
     metrics = Metrics()
     fanout = Fanout(metrics)
-    watcher = Watcher(TaskFilter(), fleet=True)
+    watcher = Watcher(TaskFilter(), True, TaskEvents())
     fanout.watch(watcher)
     for revision in range(1, 501):
         fanout.publish(snap("a", revision))
@@ -65,7 +65,7 @@ async def test_a_slow_watcher_holds_one_state_per_task() -> None:
 
 
 def test_a_removal_replaces_an_unsent_state_and_a_new_state_an_unsent_removal() -> None:
-    watcher = Watcher(TaskFilter(statuses=frozenset({"working"})), fleet=True)
+    watcher = Watcher(TaskFilter(statuses=frozenset({"working"})), True, TaskEvents())
     watcher.initial([snap("a", 1)])
     assert watcher.offer_task(snap("a", 2, "input_required"))  # leaves the filter
     assert frames(watcher) == [("removed", {"taskId": "a"})]
@@ -78,8 +78,8 @@ def test_a_removal_replaces_an_unsent_state_and_a_new_state_an_unsent_removal() 
 
 
 def test_an_unfiltered_watcher_hears_every_removal_and_a_filtered_one_its_own() -> None:
-    everything = Watcher(TaskFilter(), fleet=True)
-    alices = Watcher(TaskFilter(owners=frozenset({"alice"})), fleet=False)
+    everything = Watcher(TaskFilter(), True, TaskEvents())
+    alices = Watcher(TaskFilter(owners=frozenset({"alice"})), False, TaskEvents())
     alices.initial([snap("a", 1), snap("b", 1, owner="bob")])
     for watcher in (everything, alices):
         watcher.offer_removal(snap("a", 1))
@@ -112,3 +112,20 @@ def test_a_server_is_silent_without_writes_or_with_control_waiting() -> None:
     entry = {entry["server"]: entry for entry in view.servers()}["done"]
     assert entry["silent"] and entry["reason"] == "2 control messages waiting for 11 s"
     assert entry["controlWaiting"] == 2
+
+
+def test_a_revision_is_framed_once_for_every_watcher_and_the_memo_is_bounded() -> None:
+    frames = TaskEvents(limit=2)
+    first, second = Watcher(TaskFilter(), True, frames), Watcher(TaskFilter(), False, frames)
+    state = snap("a", 1)
+    for watcher in (first, second):
+        watcher.offer_task(state)
+    one, _ = first.take_frames()
+    other, _ = second.take_frames()
+    assert one == other and frames.frame(state) is frames.frame(state)
+    assert frames.frame(snap("a", 2)) != one and len(frames) == 1  # a revision replaces
+    frames.frame(snap("b", 1))
+    frames.frame(snap("c", 1))
+    assert len(frames) == 2  # "a", the oldest, went
+    frames.forget("c")
+    assert len(frames) == 1
