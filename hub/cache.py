@@ -9,6 +9,8 @@ the hub report something that was not legally written (invariant 2, H43).
 from __future__ import annotations
 
 import heapq
+import math
+import sys
 import time
 from collections.abc import Callable
 from enum import Enum
@@ -28,6 +30,7 @@ from hub.jsonrpc import line_safe
 # A deleted key remembers its delete revision this long, so a slower read-through of
 # an older value cannot bring the task back.
 TOMBSTONE_SECONDS = 120.0
+SHARED_INTS = 1024  # distinct pollIntervalMs values held once each
 
 
 class Rejected(Enum):
@@ -81,7 +84,11 @@ class TaskCache:
     ) -> None:
         self._tasks: dict[str, TaskSnapshot] = {}
         self._tombstones: dict[str, tuple[int, float]] = {}
-        self._expiry: list[tuple[float, str, int]] = []
+        # Expiry: task ids by the whole second they expire by, and a heap of those seconds.
+        # One entry per task and distinct expiry (not per revision): a few bytes each.
+        self._expiring: dict[int, list[str]] = {}
+        self._expiry_seconds: list[int] = []
+        self._ints: dict[int, int] = {}
         # Per server: [tasks, of which not terminal] (the operator stream's fleet view).
         self._servers: dict[str, list[int]] = {}
         self._on_change = on_change
@@ -151,22 +158,24 @@ class TaskCache:
                 self._reject(Rejected.OWNER_CHANGE)
                 return None
 
+        poll = task.pollIntervalMs
         snapshot = TaskSnapshot(
             task_id=key,
-            owner=envelope.owner,
-            server=envelope.server,
+            # A fleet has few owners and servers: one string each, not one per task.
+            owner=sys.intern(envelope.owner),
+            server=sys.intern(envelope.server),
             revision=revision,
             status=task.status,
             expires_at=expires_at,
             body=body,
-            poll_interval_ms=task.pollIntervalMs if isinstance(task.pollIntervalMs, int) else None,
+            poll_interval_ms=self._small_int(poll) if isinstance(poll, int) else None,
         )
         self._tasks[key] = snapshot
         if current is not None:
             self._count(current, -1)
         self._count(snapshot, 1)
-        if expires_at is not None:
-            heapq.heappush(self._expiry, (expires_at, key, revision))
+        if expires_at is not None and (current is None or current.expires_at != expires_at):
+            self._expire_by(key, expires_at)
         self._on_change(snapshot)
         return snapshot
 
@@ -186,7 +195,8 @@ class TaskCache:
         """Forget everything (the bucket was recreated); listeners hear of each removal."""
         removed, self._tasks = self._tasks, {}
         self._tombstones.clear()
-        self._expiry.clear()
+        self._expiring.clear()
+        self._expiry_seconds.clear()
         self._servers.clear()
         for snapshot in removed.values():
             self._on_remove(snapshot)
@@ -195,17 +205,37 @@ class TaskCache:
         """Evict tasks past their TTL and old tombstones; returns how many tasks went."""
         now = self._clock()
         evicted = 0
-        while self._expiry and self._expiry[0][0] <= now:
-            _, key, revision = heapq.heappop(self._expiry)
-            current = self._tasks.get(key)
-            # A later revision may carry a new ttlMs; only its own heap entry counts.
-            if current is not None and current.revision == revision and current.expired(now):
-                self._drop(current)
-                evicted += 1
+        seconds = self._expiry_seconds
+        while seconds and seconds[0] <= now:
+            for key in self._expiring.pop(heapq.heappop(seconds)):
+                current = self._tasks.get(key)
+                # A later revision may carry a new ttlMs: a task is dropped only once
+                # expired, and an entry for its older expiry finds it alive or gone.
+                if current is not None and current.expired(now):
+                    self._drop(current)
+                    evicted += 1
         stale = [key for key, (_, until) in self._tombstones.items() if until <= now]
         for key in stale:
             del self._tombstones[key]
         return evicted
+
+    def _expire_by(self, key: str, expires_at: float) -> None:
+        # Rounded up: every task in second s has expired once the clock reaches s.
+        second = math.ceil(expires_at) if math.isfinite(expires_at) else sys.maxsize
+        keys = self._expiring.get(second)
+        if keys is None:
+            keys = self._expiring[second] = []
+            heapq.heappush(self._expiry_seconds, second)
+        keys.append(key)
+
+    def _small_int(self, value: int) -> int:
+        """Poll intervals repeat: the same int object for each distinct value (bounded)."""
+        held = self._ints.get(value)
+        if held is None:
+            if len(self._ints) >= SHARED_INTS:
+                return value
+            held = self._ints[value] = value
+        return held
 
     def _drop(self, snapshot: TaskSnapshot) -> None:
         del self._tasks[snapshot.task_id]

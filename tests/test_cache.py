@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import tracemalloc
 
 import pytest
 from hypothesis import given, settings
@@ -245,3 +246,30 @@ def test_fuzzed_values_never_crash_nor_change_a_terminal_task(data: bytes) -> No
     assert r.cache.get(tid) is done
     other = new_task_id()
     r.cache.apply_put(other, 3, data)  # whatever it is, it is handled
+
+
+def test_a_task_updated_many_times_costs_one_expiry_entry() -> None:
+    """The expiry index grows with tasks, not with revisions (a busy task once held one
+    heap entry per revision until it expired)."""
+    r = Recorder()
+    tid = new_task_id()
+    r.cache.apply_put(tid, 1, envelope(tid, ttl_ms=3_600_000, statusMessage="step 0"))
+    tracemalloc.start()
+    before, _ = tracemalloc.get_traced_memory()
+    for revision in range(2, 5002):
+        r.cache.apply_put(tid, revision, envelope(tid, ttl_ms=3_600_000, statusMessage="step 1"))
+    r.changes.clear()
+    after, _ = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert after - before < 20_000  # the old per-revision entries took ~116 B each
+    r.now += 3_601
+    assert r.cache.sweep() == 1 and r.removed == [tid]
+
+
+def test_owners_and_servers_are_held_once_for_all_their_tasks() -> None:
+    r = Recorder()
+    first, second = new_task_id(), new_task_id()
+    a = r.cache.apply_put(first, 1, envelope(first, owner="alice", server="srv-7"))
+    b = r.cache.apply_put(second, 2, envelope(second, owner="alice", server="srv-7"))
+    assert a is not None and b is not None
+    assert a.owner is b.owner and a.server is b.server
