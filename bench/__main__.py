@@ -22,6 +22,7 @@ import msgspec
 from bench import machine, report
 from bench.control import WorkerError
 from bench.harness import Harness, HarnessError
+from bench.peers.scenarios import PEERS
 from bench.processes import raise_fd_limit
 from bench.scenarios import SCENARIOS
 from bench.sizes import FULL, QUICK, SMOKE, Sizes
@@ -58,6 +59,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         metavar="NAME",
         help=f"run only these ({', '.join(SCENARIOS)}); default all",
     )
+    parser.add_argument(
+        "--peers",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="run the peer scenarios (nchan, Pushpin, nginx static; bench/peers/) with the "
+        "rest (default); --no-peers leaves them out unless named with --scenario. "
+        "Set-up installs a missing peer with apt-get as root, except under --smoke",
+    )
     args = parser.parse_args(argv)
     if args.repeat < 1:
         parser.error("--repeat must be at least 1")
@@ -66,34 +75,36 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 async def run(
     sizes: Sizes, names: list[str], repeat: int, profile_dir: Path | None
-) -> report.Results:
+) -> tuple[report.Results, dict[str, str]]:
+    """Every scenario's medians, and each peer that could not be measured with why."""
     results: report.Results = {}
     # SIGTERM cancels the run like Ctrl-C does, so every child is stopped and the work
     # dir removed on the way out.
     current = asyncio.current_task()
     assert current is not None
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, current.cancel)
-    async with Harness(log, profile_dir) as harness:
+    # --smoke never installs a peer: the test suite measures whatever is already here.
+    async with Harness(log, profile_dir, install_peers=sizes.name != "smoke") as harness:
         for name in names:
             log(f"{name}: {repeat} repetition(s) at {sizes.name} sizes")
             started = time.perf_counter()
             async with asyncio.timeout(SCENARIO_BUDGET_S[sizes.name] * repeat / 3 + 60):
                 results[name] = await SCENARIOS[name](harness, sizes, repeat)
             log(f"{name}: done in {time.perf_counter() - started:.1f} s")
-    return results
+        return results, dict(harness.peers.skipped)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     sizes = SMOKE if args.smoke else QUICK if args.quick else FULL
-    names = args.scenario or list(SCENARIOS)
+    names = args.scenario or [name for name in SCENARIOS if args.peers or name not in PEERS]
     raise_fd_limit()  # inherited by every child: hub, raw ceiling, load generators
     about = machine.describe()
     load_before = machine.load_average()
     log(f"{about['cores']} cores, {about['python']}, sizes {sizes.name}")
     started = time.perf_counter()
     try:
-        results = asyncio.run(run(sizes, names, args.repeat, args.profile))
+        results, skipped = asyncio.run(run(sizes, names, args.repeat, args.profile))
     except (asyncio.CancelledError, KeyboardInterrupt):
         log("interrupted; every process this run started has been stopped")
         return 130
@@ -108,6 +119,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "seconds": time.perf_counter() - started,
         "load_before": load_before,
         "load_after": machine.load_average(),
+        "skipped": skipped,
     }
     table = report.markdown(results, about, meta)
     if args.json:

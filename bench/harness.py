@@ -32,6 +32,8 @@ from nats.aio.client import Client
 
 from bench import profile, protocol
 from bench.control import Worker
+from bench.peers.setup import PeerSetup
+from bench.peers.tree import ProcessTree
 from bench.processes import Child
 from bridge.jetstream import ensure_bucket, ensure_control_stream
 from hub.embedded_nats import NatsServerProcess
@@ -100,7 +102,9 @@ class Server:
 
 
 class Harness:
-    def __init__(self, log: Log, profile_dir: Path | None = None) -> None:
+    def __init__(
+        self, log: Log, profile_dir: Path | None = None, *, install_peers: bool = True
+    ) -> None:
         self.log = log
         self.profile_dir = profile_dir
         self._profiled: set[str] = set()
@@ -114,6 +118,8 @@ class Harness:
         self.nc: Client | None = None
         self.servers: list[Server] = []
         self.workers: list[Worker] = []
+        self.trees: list[ProcessTree] = []  # peer servers (nginx, Pushpin) and their children
+        self.peers = PeerSetup(log, install_peers)
         self._count = 0
         self.env = dict(os.environ)
         self.env["PYTHONPATH"] = os.pathsep.join(
@@ -138,6 +144,8 @@ class Harness:
                 await worker.close()
             for server in self.servers:
                 await server.child.stop()
+            for tree in self.trees:
+                await tree.stop()
             if self.nc is not None and not self.nc.is_closed:
                 await self.nc.close()
         finally:
@@ -214,6 +222,14 @@ class Harness:
         return await self._start_server(
             "upstream-json" if json_response else "upstream", args, True
         )
+
+    async def start_module(self, name: str, module: str) -> Server:
+        """`python -m <module> --port N`, ready at its first `/readyz` 200 (a peer's helper)."""
+
+        def args(port: int) -> list[str]:
+            return ["-m", module, "--port", str(port)]
+
+        return await self._start_server(name, args, True)
 
     def _watch_args(self, bucket: str) -> list[str]:
         return ["--nats-url", self.nats_url, "--bucket", bucket]
@@ -308,6 +324,10 @@ class Harness:
         url = await asyncio.to_thread(server.start)
         self.log(f"nats-server (sync_interval {sync}) at {url}")
         return server
+
+    async def worker(self, name: str, args: list[str]) -> Worker:
+        """Any worker module, e.g. `["-m", "bench.peers.publisher", "--kind", "nchan"]`."""
+        return await self._worker(name, args)
 
     async def _worker(self, name: str, args: list[str]) -> Worker:
         worker = await Worker.start(name, args, self._log_file(name), REPO_ROOT, self.env)

@@ -9,7 +9,11 @@ CPU seconds, so a reader can tell when the client, not the server, was saturated
 Commands:
 - `listen_open`: open N listen streams (at most `window` still opening at once) and
   wait for every ack and initial snapshot; `listen_measure`: count frames, bytes and
-  publish→client latency for a while; `listen_close`: reset every stream.
+  publish→client latency for a while; `listen_close`: reset every stream. With `path`
+  (e.g. `/sub?id={}`), the streams are a peer's EventSource GETs of their topic
+  (bench/peers/) instead: no ack, ready at the first frame. With `retries`, a stream
+  the server refuses (HTTP 5xx, reset) is opened again after a pause (RETRY_DELAY_S,
+  doubling), up to that many times, and the answer counts them (`retried`).
 - `poll`: closed-loop `tasks/get` on C keep-alive connections (warm-up, then measure);
   `tools_call`: the same loop of `tools/call` (the front door's load).
 - `follow_poll`: each client polls its task every `interval_ms` and notes when it first
@@ -41,6 +45,8 @@ from bench.processes import raise_fd_limit, self_cpu_seconds
 from bench.stats import latency_summary, percentile
 
 _LINGER_RESET = struct.pack("ii", 1, 0)
+RETRY_DELAY_S = 0.1  # before a refused stream is opened again (listen_open's `retries`)
+RETRY_MAX_S = 3.0
 
 
 async def _connect(port: int, factory: Any) -> tuple[asyncio.Transport, Any]:
@@ -80,13 +86,13 @@ class Tally:
 class ListenStream(asyncio.Protocol):
     """One `subscriptions/listen` response, read byte-wise until the client resets it."""
 
-    def __init__(self, request: bytes, initial: int, tally: Tally) -> None:
+    def __init__(self, request: bytes, initial: int, tally: Tally, acked: bool = False) -> None:
         self.request = request
         self.initial = initial  # task frames that make up the initial snapshot
         self.tally = tally
         self.scanner = protocol.SseScanner()
         self.transport: asyncio.Transport | None = None
-        self.acked = False
+        self.acked = acked  # a peer's stream has no ack to wait for
         self.seen = 0
         self.ready: asyncio.Future[float] = asyncio.get_running_loop().create_future()
 
@@ -138,19 +144,40 @@ class ListenLoad:
         per_stream: int = p["per_stream"]
         count: int = p["streams"]
         window = asyncio.Semaphore(p.get("window", 1000))
+        path: str | None = p.get("path")
         self.tally.reset(recording=False)
 
         async def one(i: int) -> None:
             # Stream i follows tasks i*k … i*k+k-1 (mod T): every task gets the same fan-out.
             follows = [task_ids[(i * per_stream + j) % len(task_ids)] for j in range(per_stream)]
-            request = protocol.listen(port, follows, f"s{i}")
+            if path is None:
+                request = protocol.listen(port, follows, f"s{i}")
+            else:  # a peer's stream: one topic per stream
+                request = protocol.event_source(port, path.format(follows[0]))
             async with window:
-                _, stream = await _connect(
-                    port, lambda: ListenStream(request, per_stream, self.tally)
-                )
-                self.streams.append(stream)
-                await stream.ready
+                for attempt in range(retries + 1):
+                    _, stream = await _connect(
+                        port,
+                        lambda: ListenStream(
+                            request, per_stream, self.tally, acked=path is not None
+                        ),
+                    )
+                    self.streams.append(stream)
+                    try:
+                        await stream.ready
+                        return
+                    except ConnectionError:
+                        if attempt == retries:
+                            raise
+                    # Refused (an HTTP 5xx, a reset): again after a pause, as EventSource
+                    # does, the pause doubling up to a browser's usual 3 s.
+                    stream.reset()
+                    self.streams.remove(stream)
+                    retried[0] += 1
+                    await asyncio.sleep(min(RETRY_MAX_S, RETRY_DELAY_S * 2**attempt))
 
+        retries: int = p.get("retries", 0)
+        retried = [0]
         cpu = self_cpu_seconds()
         started = time.perf_counter()
         async with asyncio.timeout(p.get("timeout", 120.0)):
@@ -163,6 +190,7 @@ class ListenLoad:
             "opened": count - len(failures),
             "failed": len(failures),
             "first_error": repr(failures[0]) if failures else "",
+            "retried": retried[0],
             "seconds": (max(finished) - started) if finished else 0.0,
             "wall_seconds": time.perf_counter() - started,
             "client_cpu_s": self_cpu_seconds() - cpu,

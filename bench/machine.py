@@ -13,6 +13,7 @@ import subprocess
 from importlib import metadata
 from typing import Any
 
+from bench.peers.setup import versions as peer_versions
 from hub.embedded_nats import nats_server_binary
 
 PACKAGES = (
@@ -79,4 +80,5 @@ def describe() -> dict[str, Any]:
         "os": f"{platform.system()} {platform.release()}",
         "python": f"{platform.python_implementation()} {platform.python_version()}",
         "versions": versions,
+        "peers": peer_versions(),  # nginx, nchan, Pushpin: the peers' packages
     }

@@ -122,16 +122,26 @@ class Child:
         cwd: Path,
         env: dict[str, str],
         pipes: bool = False,
+        new_session: bool = False,
     ) -> Child:
+        """`new_session`: the child leads a process group of its own (a peer server that
+        forks workers), so its whole group can be stopped without touching anything else;
+        its stdout goes to the log too (Pushpin's runner logs there)."""
         with _append(log) as err:
+            out: int | BinaryIO = asyncio.subprocess.DEVNULL
+            if pipes:
+                out = asyncio.subprocess.PIPE
+            elif new_session:
+                out = err
             process = await asyncio.create_subprocess_exec(
                 *args,
                 stdin=asyncio.subprocess.PIPE if pipes else asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE if pipes else asyncio.subprocess.DEVNULL,
+                stdout=out,
                 stderr=err,
                 cwd=cwd,
                 env=env,
                 preexec_fn=die_with_parent if sys.platform == "linux" else None,
+                start_new_session=new_session,
                 limit=1 << 24,  # one answer line may carry thousands of task ids
             )
         return cls(name, process, log)

@@ -101,12 +101,17 @@ def get(port: int, path: str) -> bytes:
     return f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n".encode()
 
 
-def operator_stream(port: int) -> bytes:
-    """`GET /operator/stream` as a dashboard's EventSource sends it (no credentials)."""
+def event_source(port: int, path: str) -> bytes:
+    """`GET <path>` as a browser's EventSource sends it (no credentials)."""
     return (
-        f"GET /operator/stream HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+        f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
         "Accept: text/event-stream\r\nCache-Control: no-cache\r\n\r\n"
     ).encode()
+
+
+def operator_stream(port: int) -> bytes:
+    """`GET /operator/stream`, as a dashboard opens it."""
+    return event_source(port, "/operator/stream")
 
 
 def body_stamp(body: bytes) -> int | None:

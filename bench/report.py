@@ -1,6 +1,7 @@
 """The bench's output: one JSON object, and a markdown table for humans and the README.
 
-The JSON object has one key per scenario (its median figures) plus `machine` and `run`;
+The JSON object has one key per scenario (its median figures) plus `machine` and `run`
+(`run.skipped`: each peer that could not be measured, and why);
 the acceptance keys of issue 6 (`fanout.hub_rate`, `poll.origin_rps`, ...) are always
 present for a scenario that ran, and extra figures sit beside them. The table puts each
 hub figure next to its reference measured in the same run and the issue's target.
@@ -13,6 +14,7 @@ from typing import Any
 
 from bench.front_door import FRONT_DOOR_CALLS
 from bench.operator_stream import PROCESSES
+from bench.peers import report as peers_report
 
 Results = dict[str, dict[str, float]]
 Row = tuple[str, str, str, str, str]
@@ -301,4 +303,10 @@ def markdown(results: Results, machine: dict[str, Any], run: dict[str, Any]) -> 
     for name, rows in _ROWS.items():
         if name in results:
             lines.extend("| " + " | ".join(row) + " |" for row in rows(results[name]))
+    # Peers (bench/peers/): a table of their own, one column per target.
+    peers = peers_report.table(results, run.get("skipped", {}), machine.get("peers"))
+    if peers:
+        if lines[-1] == "|---|---|---|---|---|":  # only peer scenarios ran
+            del lines[-3:]
+        lines += ["", *peers]
     return "\n".join(lines) + "\n"

@@ -25,6 +25,8 @@ work is the figure that sharing disturbs least.
                  upstream called directly (bench/front_door.py).
 (h) operator     D dashboards on `GET /operator/stream` over T tasks: their initial state,
                  then changes at paced rates and flat out (bench/operator_stream.py).
+(i) peers_*      fan-out, storm and tasks/get beside nchan, Pushpin and nginx static
+                 (bench/peers/scenarios.py).
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from bench.control import Params, Worker
 from bench.front_door import front_door
 from bench.harness import Harness, Server, bucket_name, server_stats
 from bench.operator_stream import operator
+from bench.peers.scenarios import peers_fanout, peers_poll, peers_storm
 from bench.processes import cpu_seconds
 from bench.sizes import Sizes
 from bench.stats import Metrics, medians
@@ -461,4 +464,7 @@ SCENARIOS: dict[str, Scenario] = {
     "writes": writes,
     "front_door": front_door,
     "operator": operator,
+    "peers_fanout": peers_fanout,
+    "peers_storm": peers_storm,
+    "peers_poll": peers_poll,
 }

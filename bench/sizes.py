@@ -57,6 +57,10 @@ class Sizes:
     operator_flat_in_flight: int
     operator_seconds: float
     warmup_seconds: float = 0.5
+    # peers (bench/peers/): the fan-out's streams and topics at fixed frames/s delivered
+    # (publishes/s × streams per topic), each window `peer_seconds` long; the storm's size
+    peer_rates: tuple[float, ...] = (10_000, 20_000, 40_000)
+    peer_seconds: float = 3.0
 
 
 FULL = Sizes(
@@ -120,6 +124,8 @@ QUICK = Sizes(
     operator_flat_in_flight=256,
     operator_seconds=1.0,
     warmup_seconds=0.3,
+    peer_rates=(10_000, 20_000),
+    peer_seconds=1.0,
 )
 
 SMOKE = Sizes(
@@ -152,6 +158,8 @@ SMOKE = Sizes(
     operator_flat_in_flight=4,
     operator_seconds=0.3,
     warmup_seconds=0.1,
+    peer_rates=(200, 400),
+    peer_seconds=0.3,
 )
 
 PROFILES = {sizes.name: sizes for sizes in (FULL, QUICK, SMOKE)}

@@ -18,6 +18,10 @@ import pytest
 from bench import protocol, report
 from bench.front_door import FRONT_DOOR_CALLS
 from bench.operator_stream import PROCESSES
+from bench.peers import nginx, pushpin, setup
+from bench.peers import report as peers_report
+from bench.peers.scenarios import PEERS
+from bench.sizes import SMOKE
 from bench.stats import latency_summary, percentile
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -73,6 +77,28 @@ REQUIRED = {
             )
         ),
     ),
+    # The hub and the raw ceiling take part in every peer scenario; each peer is either
+    # measured or named in `run.skipped` (PEER_FIGURE).
+    "peers_fanout": tuple(
+        f"{target}_r{rate:.0f}_{key}"
+        for target in ("hub", "raw")
+        for rate in SMOKE.peer_rates
+        for key in ("rate", "us_per_frame", "p50_ms", "p99_ms", "p999_ms", "frame_bytes")
+    ),
+    "peers_storm": tuple(
+        f"{target}_{key}" for target in ("hub", "raw") for key in ("seconds", "kb_per_stream")
+    ),
+    "peers_poll": tuple(
+        f"{target}_{key}"
+        for target in ("hub", "raw")
+        for key in ("rps", "us_per_request", "p99_ms")
+    ),
+}
+# The figure that says a peer was measured in each peer scenario.
+PEER_FIGURE = {
+    "peers_fanout": f"r{SMOKE.peer_rates[0]:.0f}_us_per_frame",
+    "peers_storm": "seconds",
+    "peers_poll": "rps",
 }
 # Operator-stream figures that must be above zero in any run: the dashboards synced, every
 # window wrote changes and delivered them. CPU figures may round to 0 in a smoke window.
@@ -113,6 +139,22 @@ def test_smoke_run_prints_one_json_object_with_every_key() -> None:
     assert result["machine"]["cores"] >= 1
     assert result["machine"]["versions"]["mcp"] == "2.3.0"
     assert "| scenario |" in done.stderr  # the table goes to stderr under --json
+    # Every peer is measured or skipped with a reason, in the JSON and in the table.
+    skipped = result["run"]["skipped"]
+    peer_lines = [
+        line
+        for line in done.stderr.splitlines()
+        if line.startswith("| ") and "beside" in line.split(" | ")[0]
+    ]
+    for scenario, peers in PEERS.items():
+        for peer in peers:
+            measured = f"{peer}_{PEER_FIGURE[scenario]}" in result[scenario]
+            assert measured or skipped.get(peer), (scenario, peer, skipped)
+    assert len(peer_lines) == len(PEERS)  # one labelled row per peer scenario
+    for line in peer_lines:
+        cells = line.split(" | ")[2:]
+        assert len(cells) == len(peers_report.TARGETS)
+        assert all(c.strip(" |") and c.strip(" |") != "not measured" for c in cells), line
 
 
 def test_response_reader_splits_keep_alive_responses_both_framings() -> None:
@@ -252,3 +294,69 @@ def test_latency_against_rate_prints_a_row_per_rate() -> None:
     ]
     assert [row.split(" | ")[0] for row in rows] == ["| 200", "| 400"]
     assert all(row.count(" ms") == 2 for row in rows)  # hub and raw, each p50 / p99
+
+
+def _peer_figures() -> dict[str, float]:
+    figures = {"streams": 10_000.0, "cores": 2.0}
+    for target in ("hub", "raw", "nchan"):
+        figures.update(
+            {
+                f"{target}_seconds": 1.5,
+                f"{target}_cpu_s": 0.5,
+                f"{target}_kb_per_stream": 14.0,
+                f"{target}_cores_{target}": 0.95 if target == "nchan" else 0.2,
+                f"{target}_cores_load generator": 0.3,
+                f"{target}_cores_others": 0.0,
+            }
+        )
+    return figures
+
+
+def test_peer_rows_show_every_target_measured_skipped_or_absent() -> None:
+    lines = peers_report.table({"peers_storm": _peer_figures()}, {"pushpin": "not installed"})
+    assert lines[0].startswith("Peers: nginx ? with one worker")
+    header, rows = lines[2], [line.split(" | ") for line in lines[4:]]
+    assert header.count(" | ") == 1 + len(peers_report.TARGETS)
+    assert rows[0][0] == "| connect storm beside peers (10,000 streams)"
+    columns = {t: [row[2 + i] for row in rows] for i, t in enumerate(peers_report.TARGETS)}
+    assert columns["nchan"][0] == "**1.50 s** (0.50 s CPU)"
+    assert columns["pushpin"][0] == "skipped (not installed)"
+    assert all(cell.strip(" |") == "skipped" for cell in columns["pushpin"][1:])
+    assert all(cell.strip(" |") == "—" for cell in columns["nginx"])  # not in this scenario
+    verdicts = rows[2][2:]
+    assert verdicts[0].startswith("none (")
+    assert verdicts[2].startswith("**nchan** (nchan 0.95")
+
+
+def test_peer_configs_stay_on_loopback_and_in_the_work_dir(tmp_path: Path) -> None:
+    conf = nginx.config(tmp_path, 8123, nginx.NCHAN_LOCATIONS, [Path("/m/nchan.so")])
+    assert "worker_processes 1;" in conf and "listen 127.0.0.1:8123" in conf
+    assert "load_module /m/nchan.so;" in conf
+    files = [w.rstrip(";") for w in conf.split() if w.startswith("/") and w not in ("/pub", "/sub")]
+    assert all(f.startswith(str(tmp_path)) or f == "/m/nchan.so" for f in files), files
+    ini = pushpin.config(tmp_path, 8124, 8125)
+    assert "http_port=127.0.0.1:8124" in ini and "push_in_http_port=8125" in ini
+    assert "push_in_http_addr=127.0.0.1" in ini
+    assert "/var/" not in ini and "/etc/" not in ini and "tcp://" not in ini
+
+
+def test_sse_scanner_reads_peer_frames_with_id_lines_and_comments() -> None:
+    stamp = protocol.stamp()
+    frame = b'data: {"statusMessage":"' + stamp.encode() + b'"}\n\n'
+    nchan = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n\r\n: hi\n\nid: 1:0\n" + frame
+    scanner = protocol.SseScanner()
+    events = b"".join(scanner.feed(nchan[i : i + 9]) for i in range(0, len(nchan), 9))
+    assert scanner.status == 200 and events.count(protocol.STAMP_MARK) == 1
+    assert protocol.frame_stamps(events) == [stamp.removeprefix("t=").encode()]
+
+
+async def test_a_missing_peer_is_skipped_with_its_reason(monkeypatch: pytest.MonkeyPatch) -> None:
+    missing = setup.Requirement((Path("/nonexistent/nginx"),), ("nginx-light",))
+    monkeypatch.setitem(setup.REQUIREMENTS, "nchan", missing)
+    logged: list[str] = []
+    peers = setup.PeerSetup(logged.append, may_install=False)
+    assert not await peers.available("nchan")
+    assert peers.skipped["nchan"] == "/nonexistent/nginx missing; this run installs nothing"
+    assert logged == ["nchan: skipped (/nonexistent/nginx missing; this run installs nothing)"]
+    assert not await peers.available("nchan")  # looked up once, the reason kept
+    assert len(logged) == 1
