@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import shlex
 import signal
 import sys
@@ -67,7 +68,17 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "rest (default); --no-peers leaves them out unless named with --scenario. "
         "Set-up installs a missing peer with apt-get as root, except under --smoke",
     )
+    parser.add_argument(
+        "--cold-tasks",
+        type=int,
+        default=None,
+        metavar="N",
+        help="tasks in the bucket for cold_start (default: the size's, 100,000 in a full run); "
+        "python -m bench --scenario cold_start --cold-tasks 1000000 is the 1M row",
+    )
     args = parser.parse_args(argv)
+    if args.cold_tasks is not None and args.cold_tasks < 1:
+        parser.error("--cold-tasks must be at least 1")
     if args.repeat < 1:
         parser.error("--repeat must be at least 1")
     return args
@@ -97,6 +108,8 @@ async def run(
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     sizes = SMOKE if args.smoke else QUICK if args.quick else FULL
+    if args.cold_tasks is not None:
+        sizes = dataclasses.replace(sizes, cold_tasks=args.cold_tasks)
     names = args.scenario or [name for name in SCENARIOS if args.peers or name not in PEERS]
     raise_fd_limit()  # inherited by every child: hub, raw ceiling, load generators
     about = machine.describe()

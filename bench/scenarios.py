@@ -387,20 +387,28 @@ async def push_vs_poll(h: Harness, s: Sizes, repeat: int) -> Metrics:
 async def cold_start(h: Harness, s: Sizes, repeat: int) -> Metrics:
     bucket = await h.bucket(bucket_name("cold"))
     writer = await h.writer(bucket)
-    populated = await writer.call("populate", 600, count=s.cold_tasks, in_flight=1000)
+    populated = await writer.call("populate", 1200, count=s.cold_tasks, in_flight=1000)
     await h.close_worker(writer)
     h.log(f"cold_start: {s.cold_tasks} tasks written in {populated['seconds']:.1f} s")
+    # An empty hub's RSS, so what the snapshot costs per task is what it adds.
+    empty = await h.start_hub(await h.bucket(bucket_name("cold-empty")), max_streams=100)
+    idle_rss = empty.child.rss_bytes()
+    await h.stop(empty)
     runs: list[Metrics] = []
     for rep in range(repeat):
         hub = await h.start_hub(bucket, max_streams=100, wait=False)
         recording = await h.record(hub, "cold-start", 2 + s.cold_tasks / 20_000)
-        await h.wait_ready(hub, timeout=300)
+        await h.wait_ready(hub, timeout=600)
+        rss = hub.child.rss_bytes()
         run: Metrics = {
             "tasks": s.cold_tasks,
             "seconds": hub.ready_at - hub.spawned_at,
             "listening_seconds": hub.listening_at - hub.spawned_at,
             "load_seconds": hub.ready_at - hub.listening_at,
             "populate_per_s": s.cold_tasks / populated["seconds"],
+            "rss_mb": rss / 1e6,
+            "rss_per_task": (rss - idle_rss) / s.cold_tasks,
+            "json_bytes": populated["json_bytes"],
         }
         await h.report_profile(recording)
         await h.stop(hub)

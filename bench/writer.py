@@ -33,7 +33,6 @@ from typing import Any
 
 import nats
 import uvloop
-from msgspec import UNSET
 
 from bench.control import Params, serve
 from bench.processes import self_cpu_seconds
@@ -44,6 +43,7 @@ from bridge.wire import DetailedTask, Envelope, encode, kv_stream, kv_subject
 
 OWNER = "anonymous"  # the hub runs without auth on loopback
 TICK_S = 0.002
+POPULATE_TTL_MS = 86_400_000
 TASKS_PER_BRIDGE = 4000  # within TaskBridge's cache of revisions (4096)
 
 
@@ -196,19 +196,22 @@ class Writer:
         js = nc.jetstream(timeout=30)
         stream = kv_stream(self.bucket)
         created = format_timestamp(datetime.now(UTC))
+        sizes: list[int] = []
 
         async def one(_: int) -> None:
             task_id = str(uuid.uuid4())
+            # As a fleet's tasks are: a TTL, a poll interval, 20 servers.
             task = DetailedTask(
                 taskId=task_id,
                 status="working",
                 createdAt=created,
                 lastUpdatedAt=created,
-                ttlMs=None,
+                ttlMs=POPULATE_TTL_MS,
                 statusMessage=stamp(),
-                pollIntervalMs=UNSET,
+                pollIntervalMs=5000,
             )
-            data = encode(Envelope(owner=OWNER, server="bench-writer", task=task))
+            sizes.append(len(encode(task)))
+            data = encode(Envelope(owner=OWNER, server=f"srv-{len(sizes) % 20}", task=task))
             await js.publish(kv_subject(self.bucket, task_id), data, stream=stream)
 
         started = time.perf_counter()
@@ -216,7 +219,8 @@ class Writer:
             await _bounded(p["count"], p.get("in_flight", 1000), one)
         finally:
             await nc.close()
-        return {"count": p["count"], "seconds": time.perf_counter() - started}
+        seconds = time.perf_counter() - started
+        return {"count": p["count"], "seconds": seconds, "json_bytes": sum(sizes) / len(sizes)}
 
     async def close(self) -> None:
         if self.pacer is not None:

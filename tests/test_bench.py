@@ -36,7 +36,7 @@ REQUIRED = {
         "staleness_poll_ms",
         "staleness_push_ms",
     ),
-    "cold_start": ("tasks", "seconds"),
+    "cold_start": ("tasks", "seconds", "rss_mb", "rss_per_task", "json_bytes"),
     "writes": ("updates_per_s", "always_updates_per_s", "always_nats_cpu_cores"),
     "front_door": tuple(
         f"{call.key}_{key}"
