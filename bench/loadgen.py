@@ -23,8 +23,8 @@ Commands:
   write→delivery latency for a while; `dashboards_seen`: task frames per dashboard since
   the last call (whatever the hub delivered late included); `dashboards_close`: reset all.
 
-Sockets close with SO_LINGER 0 (a reset, no TIME_WAIT), so repeated storms of 10k
-connections never exhaust the loopback's ephemeral ports.
+The streams live in bench/stream_load.py; sockets close with a reset (bench/sockets.py),
+so repeated storms of 10k connections never exhaust the loopback's ephemeral ports.
 """
 
 from __future__ import annotations
@@ -32,337 +32,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
-import socket
-import struct
 import time
-from typing import Any, cast
+from typing import cast
 
 import uvloop
 
 from bench import protocol
 from bench.control import Params, serve
 from bench.processes import raise_fd_limit, self_cpu_seconds
-from bench.stats import latency_summary, percentile
-
-_LINGER_RESET = struct.pack("ii", 1, 0)
-RETRY_DELAY_S = 0.1  # before a refused stream is opened again (listen_open's `retries`)
-RETRY_MAX_S = 3.0
-
-
-async def _connect(port: int, factory: Any) -> tuple[asyncio.Transport, Any]:
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _LINGER_RESET)
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    sock.setblocking(False)
-    loop = asyncio.get_running_loop()
-    try:
-        await loop.sock_connect(sock, ("127.0.0.1", port))
-        transport, proto = await loop.create_connection(factory, sock=sock)
-    except BaseException:
-        sock.close()
-        raise
-    return transport, proto
-
-
-# -- listen streams -----------------------------------------------------------------------
-
-
-class Tally:
-    """What every listen stream of this process received, for the current window."""
-
-    def __init__(self) -> None:
-        self.frames = 0
-        self.bytes = 0
-        self.recording = False
-        self.latencies: list[int] = []
-
-    def reset(self, recording: bool) -> None:
-        self.frames = 0
-        self.bytes = 0
-        self.recording = recording
-        self.latencies = []
-
-
-class ListenStream(asyncio.Protocol):
-    """One `subscriptions/listen` response, read byte-wise until the client resets it."""
-
-    def __init__(self, request: bytes, initial: int, tally: Tally, acked: bool = False) -> None:
-        self.request = request
-        self.initial = initial  # task frames that make up the initial snapshot
-        self.tally = tally
-        self.scanner = protocol.SseScanner()
-        self.transport: asyncio.Transport | None = None
-        self.acked = acked  # a peer's stream has no ack to wait for
-        self.seen = 0
-        self.ready: asyncio.Future[float] = asyncio.get_running_loop().create_future()
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = cast(asyncio.Transport, transport)
-        self.transport.write(self.request)
-        self.tally.bytes += len(self.request)
-
-    def data_received(self, data: bytes) -> None:
-        tally = self.tally
-        tally.bytes += len(data)
-        events = self.scanner.feed(data)
-        if not events:
-            if self.scanner.streaming and self.scanner.status != 200:
-                self._fail(f"HTTP {self.scanner.status}")
-            return
-        frames = events.count(protocol.STAMP_MARK)
-        tally.frames += frames
-        if tally.recording and frames:
-            now = time.time_ns()
-            tally.latencies.extend(now - int(s) for s in protocol.frame_stamps(events))
-        if not self.ready.done():
-            self.seen += frames
-            self.acked = self.acked or protocol.ACK_MARK in events
-            if self.acked and self.seen >= self.initial:
-                self.ready.set_result(time.perf_counter())
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self._fail("connection closed")
-        self.transport = None
-
-    def _fail(self, why: str) -> None:
-        if not self.ready.done():
-            self.ready.set_exception(ConnectionError(why))
-
-    def reset(self) -> None:
-        if self.transport is not None:
-            self.transport.abort()
-
-
-class ListenLoad:
-    def __init__(self) -> None:
-        self.tally = Tally()
-        self.streams: list[ListenStream] = []
-
-    async def open(self, p: Params) -> Params:
-        port: int = p["port"]
-        task_ids: list[str] = p["task_ids"]
-        per_stream: int = p["per_stream"]
-        count: int = p["streams"]
-        window = asyncio.Semaphore(p.get("window", 1000))
-        path: str | None = p.get("path")
-        self.tally.reset(recording=False)
-
-        async def one(i: int) -> None:
-            # Stream i follows tasks i*k … i*k+k-1 (mod T): every task gets the same fan-out.
-            follows = [task_ids[(i * per_stream + j) % len(task_ids)] for j in range(per_stream)]
-            if path is None:
-                request = protocol.listen(port, follows, f"s{i}")
-            else:  # a peer's stream: one topic per stream
-                request = protocol.event_source(port, path.format(follows[0]))
-            async with window:
-                for attempt in range(retries + 1):
-                    _, stream = await _connect(
-                        port,
-                        lambda: ListenStream(
-                            request, per_stream, self.tally, acked=path is not None
-                        ),
-                    )
-                    self.streams.append(stream)
-                    try:
-                        await stream.ready
-                        return
-                    except ConnectionError:
-                        if attempt == retries:
-                            raise
-                    # Refused (an HTTP 5xx, a reset): again after a pause, as EventSource
-                    # does, the pause doubling up to a browser's usual 3 s.
-                    stream.reset()
-                    self.streams.remove(stream)
-                    retried[0] += 1
-                    await asyncio.sleep(min(RETRY_MAX_S, RETRY_DELAY_S * 2**attempt))
-
-        retries: int = p.get("retries", 0)
-        retried = [0]
-        cpu = self_cpu_seconds()
-        started = time.perf_counter()
-        async with asyncio.timeout(p.get("timeout", 120.0)):
-            results = await asyncio.gather(*(one(i) for i in range(count)), return_exceptions=True)
-        failures = [r for r in results if isinstance(r, BaseException)]
-        finished = [
-            s.ready.result() for s in self.streams if s.ready.done() and not s.ready.exception()
-        ]
-        return {
-            "opened": count - len(failures),
-            "failed": len(failures),
-            "first_error": repr(failures[0]) if failures else "",
-            "retried": retried[0],
-            "seconds": (max(finished) - started) if finished else 0.0,
-            "wall_seconds": time.perf_counter() - started,
-            "client_cpu_s": self_cpu_seconds() - cpu,
-        }
-
-    async def measure(self, p: Params) -> Params:
-        seconds: float = p["seconds"]
-        self.tally.reset(recording=p.get("latency", False))
-        cpu = self_cpu_seconds()
-        started = time.perf_counter()
-        await asyncio.sleep(seconds)
-        elapsed = time.perf_counter() - started
-        tally = self.tally
-        answer: Params = {
-            "frames": tally.frames,
-            "bytes": tally.bytes,
-            "seconds": elapsed,
-            "rate": tally.frames / elapsed,
-            "client_cpu_s": self_cpu_seconds() - cpu,
-            "open": sum(1 for s in self.streams if s.transport is not None),
-        }
-        if tally.recording:
-            answer.update(latency_summary(tally.latencies))
-        tally.reset(recording=False)
-        return answer
-
-    async def close(self, p: Params) -> Params:
-        streams, self.streams = self.streams, []
-        for stream in streams:
-            stream.reset()
-        await asyncio.sleep(0.05)  # let the resets go out before the next command
-        return {"closed": len(streams)}
-
-
-# -- operator streams (dashboards) --------------------------------------------------------
-
-
-class Dashboard(asyncio.Protocol):
-    """One `GET /operator/stream`, read byte-wise: its initial state (hello … synced), then
-    the `event: task` frame of each change, counted per dashboard (coalescing shows as a
-    dashboard seeing fewer changes than were written)."""
-
-    def __init__(self, request: bytes, tally: Tally) -> None:
-        self.request = request
-        self.tally = tally
-        self.scanner = protocol.SseScanner()
-        self.transport: asyncio.Transport | None = None
-        self.seen = 0  # task frames since the last `dashboards_seen`
-        self.initial_tasks = 0  # task frames before `synced`
-        self.initial_bytes = 0
-        self.ready: asyncio.Future[float] = asyncio.get_running_loop().create_future()
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = cast(asyncio.Transport, transport)
-        self.transport.write(self.request)
-
-    def data_received(self, data: bytes) -> None:
-        self.tally.bytes += len(data)
-        events = self.scanner.feed(data)
-        if self.ready.done():
-            if events:
-                self._changes(events)
-            return
-        self.initial_bytes += len(data)
-        if not events:
-            if self.scanner.streaming and self.scanner.status != 200:
-                self._fail(f"HTTP {self.scanner.status}")
-            return
-        # Before `synced`: the current states, which are not deliveries of a change.
-        synced = events.find(protocol.SYNCED_EVENT)
-        end = synced if synced >= 0 else len(events)
-        self.initial_tasks += events.count(protocol.TASK_EVENT, 0, end)
-        if synced >= 0:
-            self.ready.set_result(time.perf_counter())
-            self._changes(events[synced:])
-
-    def _changes(self, events: bytes) -> None:
-        frames = events.count(protocol.TASK_EVENT)
-        if not frames:
-            return
-        tally = self.tally
-        self.seen += frames
-        tally.frames += frames
-        if tally.recording:
-            now = time.time_ns()
-            tally.latencies.extend(now - int(s) for s in protocol.frame_stamps(events))
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self._fail("connection closed")
-        self.transport = None
-
-    def _fail(self, why: str) -> None:
-        if not self.ready.done():
-            self.ready.set_exception(ConnectionError(why))
-
-    def reset(self) -> None:
-        if self.transport is not None:
-            self.transport.abort()
-
-
-class DashboardLoad:
-    def __init__(self) -> None:
-        self.tally = Tally()
-        self.dashboards: list[Dashboard] = []
-
-    async def open(self, p: Params) -> Params:
-        """Open `dashboards` operator streams at once; when the last had its initial state."""
-        port: int = p["port"]
-        request = protocol.operator_stream(port)
-        self.tally.reset(recording=False)
-
-        async def one() -> float:
-            _, dashboard = await _connect(port, lambda: Dashboard(request, self.tally))
-            self.dashboards.append(dashboard)
-            synced: float = await dashboard.ready
-            return synced
-
-        cpu = self_cpu_seconds()
-        started = time.perf_counter()
-        async with asyncio.timeout(p.get("timeout", 120.0)):
-            results = await asyncio.gather(
-                *(one() for _ in range(p["dashboards"])), return_exceptions=True
-            )
-        failures = [r for r in results if isinstance(r, BaseException)]
-        synced = sorted(r - started for r in results if isinstance(r, float))
-        tasks = [d.initial_tasks for d in self.dashboards if d.ready.done()]
-        return {
-            "opened": len(synced),
-            "failed": len(failures),
-            "first_error": repr(failures[0]) if failures else "",
-            "seconds": synced[-1] if synced else 0.0,
-            "p50_seconds": percentile(synced, 50),
-            "initial_tasks_min": min(tasks, default=0),
-            "initial_bytes": sum(d.initial_bytes for d in self.dashboards),
-            "client_cpu_s": self_cpu_seconds() - cpu,
-        }
-
-    async def measure(self, p: Params) -> Params:
-        """Task frames delivered to all dashboards for `seconds`, and their latency."""
-        seconds: float = p["seconds"]
-        self.tally.reset(recording=p.get("latency", True))
-        cpu = self_cpu_seconds()
-        started = time.perf_counter()
-        await asyncio.sleep(seconds)
-        elapsed = time.perf_counter() - started
-        tally = self.tally
-        answer: Params = {
-            "frames": tally.frames,
-            "bytes": tally.bytes,
-            "seconds": elapsed,
-            "rate": tally.frames / elapsed,
-            "client_cpu_s": self_cpu_seconds() - cpu,
-            "open": sum(1 for d in self.dashboards if d.transport is not None),
-            **latency_summary(tally.latencies),
-        }
-        tally.reset(recording=False)
-        return answer
-
-    async def seen(self, p: Params) -> Params:
-        """Task frames each dashboard got since the last call: mean and fewest."""
-        seen = [d.seen for d in self.dashboards]
-        for dashboard in self.dashboards:
-            dashboard.seen = 0
-        return {"mean": sum(seen) / max(1, len(seen)), "min": min(seen, default=0)}
-
-    async def close(self, p: Params) -> Params:
-        dashboards, self.dashboards = self.dashboards, []
-        for dashboard in dashboards:
-            dashboard.reset()
-        await asyncio.sleep(0.05)  # let the resets go out before the next command
-        return {"closed": len(dashboards)}
-
+from bench.sockets import connect
+from bench.stats import latency_summary
+from bench.stream_load import DashboardLoad, ListenLoad
 
 # -- request/response ---------------------------------------------------------------------
 
@@ -490,7 +170,7 @@ async def closed_loop(p: Params, requests: list[bytes], expect: bytes = b"") -> 
     run = PollRun(start + p["warmup"], start + p["warmup"] + p["seconds"])
     transports: list[asyncio.Transport] = []
     for _ in range(connections):
-        transport, _ = await _connect(
+        transport, _ = await connect(
             port, lambda: PollConnection(requests, run, connections, expect)
         )
         transports.append(transport)
@@ -554,7 +234,7 @@ async def follow_poll(p: Params) -> Params:
     seconds: float = p["seconds"]
     clients: list[tuple[RequestConnection, bytes]] = []
     for task_id in p["task_ids"]:
-        _, conn = await _connect(port, RequestConnection)
+        _, conn = await connect(port, RequestConnection)
         clients.append((conn, protocol.tasks_get(port, task_id)))
     staleness: list[int] = []
     totals = {"requests": 0, "bytes": 0, "errors": 0}

@@ -26,10 +26,11 @@ import msgspec
 import uvloop
 
 from bench.control import Params, serve
-from bench.loadgen import RequestConnection, _connect
+from bench.loadgen import RequestConnection
 from bench.peers.frames import event, payload
 from bench.processes import raise_fd_limit
 from bench.protocol import stamp
+from bench.sockets import connect
 
 TICK_S = 0.002
 _ACCEPTED = (200, 201, 202)
@@ -66,7 +67,7 @@ class Publisher:
     async def _connection(self, topic: str) -> RequestConnection:
         conn = self.connections.get(topic)
         if conn is None or conn.transport is None or conn.transport.is_closing():
-            _, conn = await _connect(self.port, RequestConnection)
+            _, conn = await connect(self.port, RequestConnection)
             self.connections[topic] = conn
         return conn
 
