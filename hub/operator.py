@@ -15,18 +15,19 @@ import time
 from typing import get_args
 
 from starlette.datastructures import Headers, QueryParams
+from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from bridge.wire import Status
 from hub import jsonrpc
-from hub.auth import AuthError, Identity
+from hub.auth import Identity
 from hub.cors import response_headers
-from hub.endpoint import adding_headers, authenticate
+from hub.endpoint import adding_headers
 from hub.limits import retry_after
 from hub.runtime import Hub
 from hub.sse import ListenStream
 from hub.subscriber import Subscriber
-from hub.task_reads import json_error
+from hub.task_reads import identify_reader, json_error
 from hub.watcher import TaskFilter, Watcher, sse_event
 
 STATUSES: tuple[str, ...] = get_args(Status)
@@ -75,59 +76,50 @@ class OperatorStream:
         self.hub = hub
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        hub = self.hub
         headers = Headers(scope=scope)
-        origin = headers.get("origin")
-        cors_origins = frozenset(hub.config.cors_origins)
-        cors = response_headers(origin, cors_origins)
+        cors = response_headers(headers.get("origin"), frozenset(self.hub.config.cors_origins))
+        admitted = self._admit(scope, headers, cors)
+        if isinstance(admitted, Response):
+            return await admitted(scope, receive, send)
+        stream = self._open(*admitted)
+        raw_cors = [(name.encode(), value.encode("latin-1")) for name, value in cors.items()]
+        await stream(scope, receive, adding_headers(send, raw_cors))
+
+    def _admit(
+        self, scope: Scope, headers: Headers, cors: dict[str, str]
+    ) -> Response | tuple[Identity, bool, TaskFilter]:
+        """The caller, whether an operator, and the filter in force; or the refusal. A
+        stream slot is taken last, once nothing else can refuse."""
+        hub = self.hub
         if scope["method"] != "GET":
-            refusal = json_error(405, jsonrpc.INVALID_REQUEST, "Use GET", {"allow": "GET", **cors})
-            return await refusal(scope, receive, send)
-        if origin is not None and not hub.config.origin_allowed(origin):
-            return await json_error(403, jsonrpc.INVALID_REQUEST, "Origin not allowed")(
-                scope, receive, send
-            )
-        try:
-            identity = authenticate(hub, "GET", headers, cors_origins, read_only=True)
-        except AuthError as exc:
-            message = "Unauthorized" + (f": {exc.description}" if exc.description else "")
-            challenge = {"www-authenticate": exc.www_authenticate(), **cors}
-            refusal = json_error(exc.status, jsonrpc.UNAUTHORIZED, message, challenge)
-            return await refusal(scope, receive, send)
+            return json_error(405, jsonrpc.INVALID_REQUEST, "Use GET", {"allow": "GET", **cors})
+        identity = identify_reader(hub, headers, cors)
+        if isinstance(identity, Response):
+            return identity
         try:
             task_filter = parse_filter(QueryParams(scope.get("query_string", b"")))
         except QueryError as exc:
-            return await json_error(400, jsonrpc.INVALID_PARAMS, str(exc), cors)(
-                scope, receive, send
-            )
+            return json_error(400, jsonrpc.INVALID_PARAMS, str(exc), cors)
         operator = identity.operator
         if not operator:
             owners = task_filter.owners
             if owners is not None and owners != {identity.principal}:
                 message = "filtering by another owner needs the operator claim"
-                return await json_error(403, jsonrpc.INVALID_PARAMS, message, cors)(
-                    scope, receive, send
-                )
+                return json_error(403, jsonrpc.INVALID_PARAMS, message, cors)
             task_filter = TaskFilter(
                 task_filter.servers, task_filter.statuses, frozenset({identity.principal})
             )
         if not hub.ready:
-            retry = {"retry-after": "1", **cors}
             message = "the hub is not ready (NATS unreachable or catching up); retry"
-            return await json_error(503, jsonrpc.INTERNAL_ERROR, message, retry)(
-                scope, receive, send
-            )
-        refusal_reason = hub.streams.acquire(identity.principal)
-        if refusal_reason is not None:
+            return json_error(503, jsonrpc.INTERNAL_ERROR, message, {"retry-after": "1", **cors})
+        refusal = hub.streams.acquire(identity.principal)
+        if refusal is not None:
             hub.metrics.limited.inc(1, "streams")
             back_off = {"retry-after": retry_after(5), **cors}
-            message = f"Too many open streams: {refusal_reason}"
-            return await json_error(429, jsonrpc.RATE_LIMITED, message, back_off)(
-                scope, receive, send
+            return json_error(
+                429, jsonrpc.RATE_LIMITED, f"Too many open streams: {refusal}", back_off
             )
-        stream = self._open(identity, operator, task_filter)
-        raw_cors = [(name.encode(), value.encode("latin-1")) for name, value in cors.items()]
-        await stream(scope, receive, adding_headers(send, raw_cors))
+        return identity, operator, task_filter
 
     def _open(self, identity: Identity, operator: bool, task_filter: TaskFilter) -> ListenStream:
         """Register the watcher and read its first states in one turn (nothing between)."""

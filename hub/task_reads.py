@@ -12,6 +12,7 @@ foreign `Origin` is 403.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 
 import msgspec
 from starlette.requests import Request
@@ -19,7 +20,7 @@ from starlette.responses import Response
 
 from bridge.vocabulary import TASK_NOT_FOUND
 from hub import jsonrpc
-from hub.auth import AuthError
+from hub.auth import AuthError, Identity
 from hub.endpoint import authenticate
 from hub.handlers import find_task
 from hub.runtime import Hub
@@ -34,18 +35,27 @@ def json_error(
     return Response(body, status, headers, media_type="application/json")
 
 
-async def get_task(hub: Hub, request: Request) -> Response:
-    origin = request.headers.get("origin")
+def identify_reader(
+    hub: Hub, headers: Mapping[str, str], extra: dict[str, str] | None = None
+) -> Identity | Response:
+    """Who makes a read-only GET (this route, the operator stream), or the refusal: a
+    foreign `Origin` is 403, bad or missing credentials the RFC 6750 challenge. `extra`
+    headers (CORS) go on the challenge."""
+    origin = headers.get("origin")
     if origin is not None and not hub.config.origin_allowed(origin):
         return json_error(403, jsonrpc.INVALID_REQUEST, "Origin not allowed")
     try:
-        identity = authenticate(
-            hub, "GET", request.headers, frozenset(hub.config.cors_origins), read_only=True
-        )
+        return authenticate(hub, "GET", headers, frozenset(hub.config.cors_origins), read_only=True)
     except AuthError as exc:
         message = "Unauthorized" + (f": {exc.description}" if exc.description else "")
-        challenge = {"www-authenticate": exc.www_authenticate()}
+        challenge = {"www-authenticate": exc.www_authenticate(), **(extra or {})}
         return json_error(exc.status, jsonrpc.UNAUTHORIZED, message, challenge)
+
+
+async def get_task(hub: Hub, request: Request) -> Response:
+    identity = identify_reader(hub, request.headers)
+    if isinstance(identity, Response):
+        return identity
     try:
         snapshot = await find_task(hub, request.path_params["task_id"], identity.principal)
     except jsonrpc.RpcError as err:  # NATS could not answer a read-through
