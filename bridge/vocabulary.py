@@ -31,4 +31,7 @@ def declares_tasks(capabilities: Mapping[str, Any]) -> bool:
     """Whether `clientCapabilities` declare the tasks extension: its key under
     `extensions`, with an object as its value (the schema's `{[id]: object}`)."""
     extensions = capabilities.get("extensions")
-    return isinstance(extensions, Mapping) and isinstance(extensions.get(TASKS_EXTENSION), Mapping)
+    if type(extensions) is not dict and not isinstance(extensions, Mapping):  # dict: no ABC check
+        return False
+    declared = extensions.get(TASKS_EXTENSION)
+    return type(declared) is dict or isinstance(declared, Mapping)

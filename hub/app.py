@@ -48,13 +48,14 @@ class HubApp:
         else:
             await self.rest(scope, receive, send)
 
-    def answer_now(self, scope: Scope, body: bytes) -> Reply | None:
-        """For the hub's connections (hub/connection.py): a whole MCP request answered
-        without an ASGI task when it needs no I/O; None otherwise."""
-        endpoint = self.endpoints.get(scope["path"])
+    def answer_now(self, path: str, headers: dict[str, str], body: bytes) -> Reply | None:
+        """For the hub's connections (hub/connection.py): a whole `POST` request, its
+        headers by lower-case name, answered without an ASGI task when it needs no I/O;
+        None otherwise."""
+        endpoint = self.endpoints.get(path)
         if endpoint is None or isinstance(endpoint, LegacyEndpoint):
             return None  # the legacy door always takes the ASGI path
-        return endpoint.answer_now(scope, body)
+        return endpoint.answer_now(headers, body)
 
 
 def create_app(config: Config, nats_url: str, hub: Hub | None = None) -> HubApp:

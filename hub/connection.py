@@ -21,8 +21,11 @@ awaiting `send`, which waits for the drain. Under another ASGI server the extens
 is absent and everything takes the ordinary path.
 
 Answers in place. `hub_protocol` is given the app's `answer_now` hook explicitly (not
-looked up on whatever uvicorn wrapped the app in): a whole `POST /mcp` request whose
-answer needs no I/O is answered by the connection itself, without an ASGI task.
+looked up on whatever uvicorn wrapped the app in). A read that holds exactly one plain
+`POST` request (hub/fast_lane.py) and arrives while the connection is at rest goes to
+it first: when the answer needs no I/O (a cached `tasks/get`, `server/discover`, every
+refusal) the connection writes it at once, without uvicorn's parser, scope, request
+cycle or an ASGI task; otherwise the read goes to uvicorn as if nothing had looked.
 
 Everything uvicorn-private lives in hub/uvicorn_internals.py; this module only uses it.
 """
@@ -35,12 +38,14 @@ from typing import Any
 
 from starlette.types import Scope
 
+from hub import fast_lane
 from hub import uvicorn_internals as uv
 from hub.uvicorn_internals import Cycle, RawHeaders
 
 CONNECTION = "taskhub.connection"
-# The app's `answer_now(scope, body)`: (status, body, headers, ...) or None to decline.
-AnswerNow = Callable[[Scope, bytes], "tuple[Any, ...] | None"]
+# The app's `answer_now(path, headers, body)` for a whole POST: (status, body, headers,
+# ...) or None to decline.
+AnswerNow = Callable[[str, dict[str, str], bytes], "tuple[Any, ...] | None"]
 
 
 class DirectChannel:
@@ -140,21 +145,22 @@ def hub_protocol(header_timeout: float, answer_now: AnswerNow | None = None) -> 
             self._connection = Connection(self)
             self.extensions[CONNECTION] = self._connection
 
-        def answers_in_place(self, cycle: Cycle) -> bool:
-            scope = uv.scope_of(cycle)
-            return answer_now is not None and scope["method"] == "POST" and scope["path"] == "/mcp"
-
-        def answer_in_place(self, cycle: Cycle) -> bool:
-            assert answer_now is not None
-            scope = uv.scope_of(cycle)
+        def answer_whole(self, data: bytes) -> bool:
+            if answer_now is None:
+                return False
+            request = fast_lane.parse(data)
+            if request is None or self.over_concurrency_limit():
+                return False
             try:
-                reply = answer_now(scope, uv.body_of(cycle))
+                reply = answer_now(request.path, request.headers, request.body)
             except Exception:
                 self.logger.exception("answering in place failed; the app answers instead")
                 return False
             if reply is None:
                 return False
-            return self._connection.respond(scope, reply[0], reply[2], reply[1])
+            self.waiting_since = None  # the head is in: as `head_complete`
+            self.respond_at_rest(reply[0], reply[2], reply[1])
+            return True
 
         def connected(self) -> None:
             self.waiting_since = self.loop.time()

@@ -33,6 +33,9 @@ from hub.runtime import Hub
 from hub.sse import ListenStream
 from hub.upstream import Upstream, UpstreamError
 
+# The methods answered in place when cached (by their Mcp-Method header, a hint only:
+# the app's path checks it against the body), and a missing header, which gets its error.
+_ANSWERED_NOW = frozenset({"tasks/get", "server/discover", None})
 ANONYMOUS = Identity("anonymous", None)  # every caller when authentication is off
 JSON = (b"content-type", b"application/json")
 RawHeaders = list[tuple[bytes, bytes]]
@@ -93,7 +96,8 @@ class McpEndpoint:
         self, scope: Scope, receive: Receive, send: Send
     ) -> tuple[RawHeaders, Responder | None]:
         """Answer the request, or return what will (a listen stream, a forward) and its CORS."""
-        headers, cors, admitted = self._admit(scope)
+        headers = header_map(scope["headers"])
+        cors, admitted = self._admit(scope["method"], headers)
         if isinstance(admitted, Reply):
             result: Reply | Responder = admitted
         else:
@@ -148,18 +152,20 @@ class McpEndpoint:
         kept = [(k, v) for k, v in headers if k != b"content-type"]
         return Reply(status, answer, [JSON, *kept, *cors], "ok", request.method)
 
-    def answer_now(self, scope: Scope, body: bytes) -> Reply | None:
-        """The reply to a whole `POST /mcp` request if no I/O is needed; else None, with
-        nothing done that `__call__` would then do again."""
-        reply = self._reply_now(scope, body)
+    def answer_now(self, headers: Mapping[str, str], body: bytes) -> Reply | None:
+        """The reply to a whole `POST` request (`headers` by lower-case name) if no I/O
+        is needed; else None, with nothing done that `__call__` would then do again."""
+        reply = self._reply_now(headers, body)
         if reply is not None:
             metrics = self.hub.metrics
             metrics.requests.inc(1, reply.method, reply.outcome)
             metrics.answered_in_place.inc()
         return reply
 
-    def _reply_now(self, scope: Scope, body: bytes) -> Reply | None:
-        headers, cors, identity = self._admit(scope)
+    def _reply_now(self, headers: Mapping[str, str], body: bytes) -> Reply | None:
+        if headers.get("mcp-method") not in _ANSWERED_NOW:
+            return None  # not worth reading twice: the app reads it (and checks the header)
+        cors, identity = self._admit("POST", headers)
         if isinstance(identity, Reply):
             return identity
         if len(body) > self.config.max_body_bytes:
@@ -177,13 +183,14 @@ class McpEndpoint:
 
     # -- the steps -----------------------------------------------------------------------
 
-    def _admit(self, scope: Scope) -> tuple[Mapping[str, str], RawHeaders, Identity | Reply]:
-        """Method, Origin and credentials: the headers, the CORS headers for the answer,
-        and who is asking or the refusal."""
-        headers = header_map(scope["headers"])
+    def _admit(
+        self, method: str, headers: Mapping[str, str]
+    ) -> tuple[RawHeaders, Identity | Reply]:
+        """Method, Origin and credentials: the CORS headers for the answer, and who is
+        asking or the refusal."""
         origin = headers.get("origin")
         cors = [] if origin is None else self._cors(origin)
-        return headers, cors, self._identify(scope["method"], headers, origin, cors)
+        return cors, self._identify(method, headers, origin, cors)
 
     def _identify(
         self, method: str, headers: Mapping[str, str], origin: str | None, cors: RawHeaders

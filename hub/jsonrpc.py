@@ -140,6 +140,8 @@ def rate_limited(message: str, retry_after: str) -> RpcError:
 
 def encode_id(request_id: RequestId) -> bytes:
     """The id as JSON bytes, for splicing into pre-encoded replies and SSE frames."""
+    if type(request_id) is int:
+        return b"%d" % request_id
     return line_safe(_encode(request_id))
 
 

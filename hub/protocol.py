@@ -220,6 +220,8 @@ def _validate(headers: Mapping[str, str], call: _Call) -> Request:
         raise jsonrpc.method_not_found(call.method)
 
     declared = declares_tasks(capabilities)  # H30: this request's own _meta only
+    if call.method in TASK_METHODS:
+        return _task_request(headers, call, params, capabilities, declared)
     request = Request(
         id=call.id,
         method=call.method,
@@ -227,36 +229,48 @@ def _validate(headers: Mapping[str, str], call: _Call) -> Request:
         client_capabilities=capabilities,
         declared_tasks=declared,
     )
-    if call.method in TASK_METHODS:
-        return _task_request(headers, request)
     if call.method == "subscriptions/listen":
         return _listen_request(headers, request)
     return request  # server/discover: no params besides _meta; Mcp-Name is ignored
 
 
-def _task_request(headers: Mapping[str, str], request: Request) -> Request:
+def _task_request(
+    headers: Mapping[str, str],
+    call: _Call,
+    params: dict[str, Any],
+    capabilities: dict[str, Any],
+    declared: bool,
+) -> Request:
     """tasks/get|update|cancel: steps 12–14."""
     raw_name = headers.get(_NAME_HEADER)
     if raw_name is None:  # H13, D9: enforced strictly
-        raise jsonrpc.header_mismatch(f"required header Mcp-Name is missing for {request.method}")
+        raise jsonrpc.header_mismatch(f"required header Mcp-Name is missing for {call.method}")
     name = decode_header_value(raw_name, name="Mcp-Name")  # H14, H15
-    task_id = request.params.get("taskId")
+    task_id = params.get("taskId")
     # Only a string taskId can be compared; any other taskId is bad params (step 14), reported
     # after the capability check so the step order stays that of docs/protocol.md#validation-order.
     if isinstance(task_id, str) and name != task_id:  # H13
         raise _mismatch("Mcp-Name", name, task_id)
-    if not request.declared_tasks:  # H31
+    if not declared:  # H31
         raise jsonrpc.missing_capability()
     if not isinstance(task_id, str):
         raise jsonrpc.invalid_params("params.taskId must be a string")
     # A taskId outside the task-id syntax is kept: the handler answers it as "not found"
     # (-32602), exactly like an unknown task (H42, H46).
-    if request.method != "tasks/update":
-        return msgspec.structs.replace(request, task_id=task_id)
-    input_responses = request.params.get("inputResponses")
-    if not isinstance(input_responses, dict):  # required; its entries stay opaque (D11)
-        raise jsonrpc.invalid_params("params.inputResponses must be an object")
-    return msgspec.structs.replace(request, task_id=task_id, input_responses=input_responses)
+    input_responses = None
+    if call.method == "tasks/update":
+        input_responses = params.get("inputResponses")
+        if not isinstance(input_responses, dict):  # required; its entries stay opaque (D11)
+            raise jsonrpc.invalid_params("params.inputResponses must be an object")
+    return Request(
+        id=call.id,
+        method=call.method,
+        params=params,
+        client_capabilities=capabilities,
+        declared_tasks=declared,
+        task_id=task_id,
+        input_responses=input_responses,
+    )
 
 
 def _listen_request(headers: Mapping[str, str], request: Request) -> Request:

@@ -2,8 +2,8 @@
 
 The hub's connections (hub/connection.py) do three things uvicorn has no public API
 for: write a whole response or a chunk of a streaming one without the ASGI `send`
-coroutine, answer a request before an ASGI task is started for it, and replace the
-keep-alive timer with a header deadline. Each needs uvicorn's httptools protocol and
+coroutine, answer a whole request without uvicorn's parser or an ASGI task, and
+replace the keep-alive timer with a header deadline. Each needs uvicorn's httptools protocol and
 its per-request `RequestResponseCycle` from the inside. This module is the only one
 that touches them: `Protocol` turns uvicorn's private methods into named seams, and
 the functions below read and change a cycle exactly as uvicorn's own `send` would.
@@ -37,7 +37,6 @@ CYCLE_ATTRIBUTES = (
     "disconnected",
     "keep_alive",
     "waiting_for_100_continue",
-    "body",
     "more_body",
     "response_started",
     "response_complete",
@@ -54,6 +53,8 @@ PROTOCOL_ATTRIBUTES = (
     "logger",
     "scope",
     "app",
+    "limit_concurrency",
+    "tasks",
 )
 PROTOCOL_METHODS = (
     "data_received",
@@ -75,11 +76,6 @@ def scope_of(cycle: Cycle) -> Scope:
     return cycle.scope  # type: ignore[return-value]
 
 
-def body_of(cycle: Cycle) -> bytes:
-    """The request body received so far."""
-    return bytes(cycle.body)
-
-
 def body_complete(cycle: Cycle) -> bool:
     """True once the whole request body is here: reading it cannot stall."""
     return not cycle.more_body
@@ -96,25 +92,42 @@ def respond(cycle: Cycle, status: int, headers: RawHeaders, body: bytes) -> None
     after `http.response.start` and a final `http.response.body`; only if `can_respond`."""
     cycle.response_started = True
     cycle.waiting_for_100_continue = False
-    parts = [STATUS_LINE[status]]
-    closing = False
-    for name, value in (*cycle.default_headers, *headers):
-        parts += (name, b": ", value, b"\r\n")
-        if name == b"connection" and b"close" in (t.strip() for t in value.lower().split(b",")):
-            closing = True
-    if status not in (204, 304):  # RFC 9110 §8.6: no Content-Length on these
-        parts.append(b"content-length: %d\r\n" % len(body))
-    if closing:
-        cycle.keep_alive = False
-    elif not cycle.keep_alive:  # the client asked to close (or spoke HTTP/1.0)
-        parts.append(b"connection: close\r\n")
-    parts += (b"\r\n", b"" if cycle.scope["method"] == "HEAD" else body)
-    cycle.transport.write(b"".join(parts))
+    head_only = cycle.scope["method"] == "HEAD"
+    data, cycle.keep_alive = _response(
+        cycle.default_headers, status, headers, body, cycle.keep_alive, head_only
+    )
+    cycle.transport.write(data)
     cycle.response_complete = True
     cycle.message_event.set()
     if not cycle.keep_alive:
         cycle.transport.close()
     cycle.on_response()
+
+
+def _response(
+    default_headers: RawHeaders,
+    status: int,
+    headers: RawHeaders,
+    body: bytes,
+    keep_alive: bool,
+    head_only: bool = False,
+) -> tuple[bytes, bool]:
+    """A response's bytes as uvicorn's `send` frames them, and whether the connection
+    stays open after it: not if the client asked to close or the headers say close."""
+    parts = [STATUS_LINE[status]]
+    closing = False
+    for name, value in (*default_headers, *headers):
+        parts += (name, b": ", value, b"\r\n")
+        if name == b"connection" and b"close" in (t.strip() for t in value.lower().split(b",")):
+            closing = True
+    if status not in (204, 304):  # RFC 9110 §8.6: no Content-Length on these
+        parts.append(b"content-length: %d\r\n" % len(body))
+    if keep_alive and closing:
+        keep_alive = False
+    elif not keep_alive and not closing:  # the client asked to close (or spoke HTTP/1.0)
+        parts.append(b"connection: close\r\n")
+    parts += (b"\r\n", b"" if head_only else body)
+    return b"".join(parts), keep_alive
 
 
 def chunk_writable(cycle: Cycle) -> bool:
@@ -148,11 +161,11 @@ def abort(cycle: Cycle) -> None:
 class Protocol(HttpToolsProtocol):
     """uvicorn's httptools protocol with named seams for a subclass to fill in.
 
-    - `answers_in_place(cycle)`: may this request be answered by `answer_in_place`
-      once its body is in? If so, its ASGI task waits for the end of the current read;
-      `answer_in_place(cycle)` returns True when it answered (with `respond`), and the
-      task is started as usual otherwise.
-    - `request_begun()`, `head_complete()`: around the request head.
+    - `answer_whole(data)`: a read that arrived while no request is under way (none
+      being read, answered or pipelined) and the socket takes writes; True if it
+      answered the read as one whole request (with `respond_at_rest`), so uvicorn's
+      parser never sees it; False hands it to the parser as usual.
+    - `request_begun()`, `head_complete()`: around a request head uvicorn reads.
     - `idle()`: a response finished and nothing is pipelined behind it, where uvicorn
       would arm its keep-alive timer (which this protocol never arms).
     - `connected()`, `disconnected()`: the connection's two ends.
@@ -161,15 +174,11 @@ class Protocol(HttpToolsProtocol):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.extensions: dict[str, object] = {}  # put in every request's scope
-        self._reading = False
-        self._held: tuple[Cycle, Any] | None = None
+        self._in_message = False  # the parser is inside a request
 
     # seams --------------------------------------------------------------------------
 
-    def answers_in_place(self, cycle: Cycle) -> bool:
-        return False
-
-    def answer_in_place(self, cycle: Cycle) -> bool:
+    def answer_whole(self, data: bytes) -> bool:
         return False
 
     def request_begun(self) -> None:
@@ -187,7 +196,7 @@ class Protocol(HttpToolsProtocol):
     def disconnected(self) -> None:
         pass
 
-    # what a subclass may ask --------------------------------------------------------
+    # what a subclass may ask or do --------------------------------------------------
 
     @property
     def current_cycle(self) -> Cycle | None:
@@ -202,6 +211,25 @@ class Protocol(HttpToolsProtocol):
         """Every open connection of this server (uvicorn's own set)."""
         return self.connections
 
+    def over_concurrency_limit(self) -> bool:
+        """Where uvicorn would answer the next request with its 503 stand-in."""
+        limit = self.limit_concurrency
+        return limit is not None and (len(self.connections) >= limit or len(self.tasks) >= limit)
+
+    def respond_at_rest(self, status: int, headers: RawHeaders, body: bytes) -> None:
+        """A whole response to a request `answer_whole` took, finished as uvicorn
+        finishes one: counted, and the connection idle (or closed, if the headers say
+        so)."""
+        data, keep_alive = _response(
+            self.server_state.default_headers, status, headers, body, keep_alive=True
+        )
+        self.transport.write(data)
+        self.server_state.total_requests += 1
+        if keep_alive:
+            self.idle()
+        else:
+            self.transport.close()
+
     # uvicorn's methods, with the seams in place -------------------------------------
 
     def connection_made(self, transport: Any) -> None:
@@ -209,17 +237,21 @@ class Protocol(HttpToolsProtocol):
         self.connected()
 
     def data_received(self, data: bytes) -> None:
-        self._reading = True
-        try:
-            super().data_received(data)
-        finally:
-            self._reading = False
-            held, self._held = self._held, None
-            if held is not None:  # its body is still on the way: the app reads it
-                super()._start_asgi_task(*held)
+        cycle = self.cycle
+        if (
+            not self._in_message
+            and (cycle is None or cycle.response_complete)
+            and not self.pipeline
+            and not self.flow.write_paused
+            and not self.transport.is_closing()
+            and self.answer_whole(data)
+        ):
+            return
+        super().data_received(data)
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
+        self._in_message = True
         self.scope["extensions"] = self.extensions  # type: ignore[typeddict-item]
         self.request_begun()
 
@@ -227,28 +259,9 @@ class Protocol(HttpToolsProtocol):
         self.head_complete()
         super().on_headers_complete()
 
-    def _start_asgi_task(self, cycle: Cycle, app: Any) -> None:
-        # Held for the rest of this read: if the body is in it, on_message_complete may
-        # answer the request without an ASGI task at all.
-        # Not a request uvicorn gave its 503 stand-in (`limit_concurrency`) instead of the app.
-        if (
-            self._reading
-            and self._held is None
-            and app is self.app
-            and self.answers_in_place(cycle)
-        ):
-            self._held = (cycle, app)
-            return
-        super()._start_asgi_task(cycle, app)
-
     def on_message_complete(self) -> None:
+        self._in_message = False
         super().on_message_complete()
-        held = self._held
-        if held is None or held[0] is not self.cycle:
-            return
-        self._held = None
-        if not (can_respond(held[0]) and self.answer_in_place(held[0])):
-            super()._start_asgi_task(*held)
 
     def on_response_complete(self) -> None:
         # uvicorn's own, with `idle()` in place of arming the keep-alive timer.

@@ -34,7 +34,6 @@ CHUNKS = [b"data: one\n\n", b"data: two\n\n"]
 # fingerprint here.
 VERIFIED = {
     "HttpToolsProtocol.on_response_complete": "175d1fae",
-    "HttpToolsProtocol._start_asgi_task": "c8eb8a61",
     "HttpToolsProtocol.on_headers_complete": "620f348d",
     "HttpToolsProtocol.data_received": "e4de670c",
     "RequestResponseCycle.send": "f8c383f6",
@@ -60,35 +59,43 @@ def test_the_methods_the_adapter_repeats_are_the_verified_ones(name: str) -> Non
 
 
 def test_the_seams_rely_on_uvicorns_call_sites() -> None:
-    """`Protocol` intercepts `_start_asgi_task`: uvicorn must start every request there."""
+    """`answer_whole` stands in for `data_received`, which must only feed the parser;
+    `over_concurrency_limit` repeats the 503 check of `on_headers_complete`."""
+    received = inspect.getsource(HttpToolsProtocol.data_received)
+    assert "self.parser.feed_data(data)" in received
     headers_complete = inspect.getsource(HttpToolsProtocol.on_headers_complete)
-    assert "self._start_asgi_task(self.cycle, app)" in headers_complete
-    assert "self.pipeline.appendleft((self.cycle, app))" in headers_complete
-    signature = inspect.signature(HttpToolsProtocol._start_asgi_task)
-    assert list(signature.parameters) == ["self", "cycle", "app"]
+    assert "len(self.connections) >= self.limit_concurrency" in headers_complete
+    assert "len(self.tasks) >= self.limit_concurrency" in headers_complete
     for method in uv.PROTOCOL_METHODS:
         assert callable(getattr(HttpToolsProtocol, method, None)), method
 
 
 class Probe(uv.Protocol):
-    """The adapter's protocol, answering `/in-place` itself and recording what it saw."""
+    """The adapter's protocol, answering `/whole` itself from the read and recording
+    every request's cycle."""
 
     seen: ClassVar[list[tuple[Any, Any]]] = []
 
-    def answers_in_place(self, cycle: uv.Cycle) -> bool:
-        type(self).seen.append((self, cycle))
-        return uv.scope_of(cycle)["path"] == "/in-place"
-
-    def answer_in_place(self, cycle: uv.Cycle) -> bool:
-        uv.respond(cycle, 200, list(HEADERS), BODY)
+    def answer_whole(self, data: bytes) -> bool:
+        if not data.startswith(b"POST /whole "):
+            return False
+        self.respond_at_rest(200, list(HEADERS), BODY)
         return True
+
+    def on_headers_complete(self) -> None:
+        super().on_headers_complete()
+        type(self).seen.append((self, self.cycle))
 
 
 async def app(scope: Scope, receive: Receive, send: Send) -> None:
-    """The same answers through uvicorn's own `send`."""
+    """The same answers through uvicorn's own `send`, and `/in-place` with `respond`."""
     if scope["type"] != "http":
         return
     cycle = next(c for p, c in Probe.seen if uv.scope_of(c) is scope)
+    if scope["path"] == "/in-place":
+        assert uv.can_respond(cycle)
+        uv.respond(cycle, 200, list(HEADERS), BODY)
+        return
     if scope["path"] == "/stream-direct":
         await send({"type": "http.response.start", "status": 200, "headers": HEADERS})
         for chunk in CHUNKS:
@@ -141,10 +148,14 @@ async def exchange(served: Served, *paths: str, close: bool = False) -> list[byt
 
 
 async def test_a_whole_response_is_what_uvicorns_send_writes(served: Served) -> None:
-    in_place, through_send = await exchange(served, "/in-place", "/asgi")
-    assert in_place == through_send
-    # Both requests came over one connection: the adapter left it ready for the next.
+    whole, in_place, through_send, again = await exchange(
+        served, "/whole", "/in-place", "/asgi", "/whole"
+    )
+    assert whole == in_place == through_send == again
+    # All came over one connection: the adapter left it ready for the next request,
+    # and uvicorn's parser saw only the two it was given.
     assert len({id(protocol) for protocol, _ in Probe.seen}) == 1
+    assert len(Probe.seen) == 2
 
 
 async def test_a_close_request_gets_connection_close_as_from_send(served: Served) -> None:
@@ -168,4 +179,3 @@ async def test_the_attributes_the_adapter_uses_exist_on_live_objects(served: Ser
         assert hasattr(protocol, name), f"HttpToolsProtocol.{name}"
     assert hasattr(cycle.flow, "write_paused")
     assert uv.finished(cycle) and uv.body_complete(cycle)
-    assert uv.body_of(cycle) == b"{}"

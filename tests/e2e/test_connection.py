@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+import re
+from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -43,8 +44,8 @@ class CountingEndpoint:
         self.through_app += 1
         await self.inner(scope, receive, send)
 
-    def answer_now(self, scope: Scope, body: bytes) -> Reply | None:
-        reply = self.inner.answer_now(scope, body)
+    def answer_now(self, headers: Mapping[str, str], body: bytes) -> Reply | None:
+        reply = self.inner.answer_now(headers, body)
         self.in_place += reply is not None
         return reply
 
@@ -142,6 +143,49 @@ async def test_pipelined_requests_get_whole_responses_in_order(
                 assert answer["error"]["code"] == -32602
     finally:
         writer.close()
+
+
+async def test_a_request_split_over_reads_and_one_whole_read_get_the_same_answer(
+    served: HubHarness, js: Any, bucket: str
+) -> None:
+    """The fast lane takes a request that came in one read; one whose body comes in a
+    later read goes through uvicorn's parser, on the same connection, to the same answer."""
+    tid = new_task_id()
+    await js.publish(kv_subject(bucket, tid), envelope(tid, statusMessage="split"))
+    await eventually(lambda: served.hub.cache.get(tid) is not None)
+    counter = counting(served)
+    body = json.dumps(rpc("tasks/get", {"taskId": tid}, id=7)).encode()
+    head = {**headers_for(rpc("tasks/get", {"taskId": tid})), "Host": "127.0.0.1"}
+    head["Content-Length"] = str(len(body))
+    lines = "".join(f"{name}: {value}\r\n" for name, value in head.items())
+    request = f"POST /mcp HTTP/1.1\r\n{lines}\r\n".encode() + body
+    host, port = served.url.removeprefix("http://").split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+
+    async def answer() -> bytes:
+        head_bytes = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+        length = next(
+            int(line.split(b":")[1])
+            for line in head_bytes.split(b"\r\n")
+            if line.lower().startswith(b"content-length:")
+        )
+        return re.sub(rb"date: [^\r]*\r\n", b"", head_bytes) + await reader.readexactly(length)
+
+    try:
+        writer.write(request)
+        whole = await answer()
+        assert counter.in_place == 1
+        writer.write(request[:40])
+        await writer.drain()
+        await asyncio.sleep(0.05)  # not a synchronisation: either way the answer must match
+        writer.write(request[40:])
+        split = await answer()
+        writer.write(request)
+        again = await answer()
+    finally:
+        writer.close()
+    assert whole == split == again
+    assert json.loads(whole.partition(b"\r\n\r\n")[2])["result"]["statusMessage"] == "split"
 
 
 @pytest.mark.parametrize("version", ["HTTP/1.1", "HTTP/1.0"])

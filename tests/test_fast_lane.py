@@ -1,0 +1,188 @@
+"""hub/fast_lane.py: a whole plain request read strictly, and never otherwise than llhttp.
+
+Whatever `parse` accepts, httptools (uvicorn's parser, llhttp) must read as exactly one
+complete keep-alive `POST` request with the same target, headers and body; everything
+else must be declined, so uvicorn's parser gets those bytes untouched.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httptools
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hub import fast_lane
+
+BODY = b'{"jsonrpc":"2.0","id":1,"method":"tasks/get"}'
+HEADERS = [
+    ("Host", "127.0.0.1:8000"),
+    ("Content-Type", "application/json"),
+    ("MCP-Protocol-Version", "2026-07-28"),
+    ("Mcp-Name", "Task-A b"),
+]
+
+
+def request(
+    headers: list[tuple[str, str]] = HEADERS,
+    body: bytes = BODY,
+    line: str = "POST /mcp HTTP/1.1",
+    length: str | None = None,
+) -> bytes:
+    length = str(len(body)) if length is None else length
+    lines = [line, *(f"{name}: {value}" for name, value in headers), f"Content-Length: {length}"]
+    return "\r\n".join(lines).encode("latin-1") + b"\r\n\r\n" + body
+
+
+class Recorder:
+    """httptools callbacks into one list of messages."""
+
+    def __init__(self) -> None:
+        self.messages: list[dict[str, Any]] = []
+
+    def on_message_begin(self) -> None:
+        self.messages.append({"url": b"", "headers": [], "body": b"", "complete": False})
+
+    def on_url(self, url: bytes) -> None:
+        self.messages[-1]["url"] += url
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.messages[-1]["headers"].append((name.lower().decode(), value.decode("latin-1")))
+
+    def on_body(self, body: bytes) -> None:
+        self.messages[-1]["body"] += body
+
+    def on_message_complete(self) -> None:
+        self.messages[-1]["complete"] = True
+
+
+def llhttp_reads(data: bytes) -> tuple[list[dict[str, Any]], httptools.HttpRequestParser | None]:
+    recorder = Recorder()
+    parser = httptools.HttpRequestParser(recorder)
+    try:
+        parser.feed_data(data)
+    except httptools.HttpParserError:
+        return recorder.messages, None
+    return recorder.messages, parser
+
+
+def assert_read_alike(data: bytes) -> None:
+    parsed = fast_lane.parse(data)
+    if parsed is None:
+        return
+    messages, parser = llhttp_reads(data)
+    assert parser is not None, data
+    assert len(messages) == 1 and messages[0]["complete"], data
+    (message,) = messages
+    assert parser.get_method() == b"POST"
+    assert parser.get_http_version() == "1.1" and parser.should_keep_alive()
+    assert message["url"].decode() == parsed.path
+    assert dict(message["headers"]) == parsed.headers
+    assert len(message["headers"]) == len(parsed.headers)  # nothing repeated
+    assert message["body"] == parsed.body
+
+
+def test_a_plain_request_is_read_whole() -> None:
+    parsed = fast_lane.parse(request())
+    assert parsed is not None
+    assert parsed.path == "/mcp"
+    assert parsed.body == BODY
+    assert parsed.headers["mcp-name"] == "Task-A b"  # values keep their case
+    assert parsed.headers["content-length"] == str(len(BODY))
+    assert_read_alike(request())
+
+
+def test_whitespace_before_a_value_is_dropped_and_after_it_kept_as_by_llhttp() -> None:
+    # So a value with trailing whitespace gets the same answer (H15: not plain-safe).
+    parsed = fast_lane.parse(request([("Mcp-Name", " \t x y  ")]))
+    assert parsed is not None and parsed.headers["mcp-name"] == "x y  "
+    assert_read_alike(request([("Mcp-Name", " \t x y  ")]))
+    assert fast_lane.parse(request([("Mcp-Name", "x\ty")])) is None  # a tab inside: uvicorn's
+
+
+def test_keep_alive_is_the_only_connection_taken() -> None:
+    assert fast_lane.parse(request([("Connection", "Keep-Alive")])) is not None
+    for value in ("close", "upgrade", "keep-alive, close", ""):
+        assert fast_lane.parse(request([("Connection", value)])) is None, value
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        request(line="GET /mcp HTTP/1.1"),
+        request(line="POST /mcp HTTP/1.0"),
+        request(line="POST /mcp?x=1 HTTP/1.1"),
+        request(line="POST /m%63p HTTP/1.1"),
+        request(line="POST http://host/mcp HTTP/1.1"),
+        request(line="POST  /mcp HTTP/1.1"),
+        request([("Transfer-Encoding", "chunked")]),
+        request([("Expect", "100-continue")]),
+        request([("Upgrade", "websocket")]),
+        request([("Bad Name", "x")]),
+        request([("Name", "a\x01b")]),
+        request([("Name", "a\x7fb")]),
+        request([("Name", "a\x85b")]),
+        request([("Name", "a\rb")]),
+        request([("X", "1"), ("X", "2")]),  # repeated
+        request([("content-length", "1")]),  # a second Content-Length
+        request(length="+5"),
+        request(length=" "),
+        request(length="1" * 10),
+        request(length=str(len(BODY) + 1)),  # the body is still on its way
+        request() + b"POST",  # something pipelined behind it
+        request()[:-1],
+        request().replace(b"\r\nHost", b"\r\n Host"),  # a folded line
+        request().replace(b"\r\n", b"\n"),
+        b"POST /mcp HTTP/1.1\r\nContent-Length: 0\r\n",  # no blank line yet
+        request()[:20],
+    ],
+)
+def test_what_is_declined(data: bytes) -> None:
+    assert fast_lane.parse(data) is None
+
+
+def test_a_body_of_zero_bytes_is_whole() -> None:
+    parsed = fast_lane.parse(request(body=b""))
+    assert parsed is not None and parsed.body == b""
+
+
+_name = st.text(st.sampled_from("abcXYZ019-_.!#$%&'*+^`|~ :\t\x00\x7f\xe9"), min_size=0, max_size=8)
+_value = st.text(
+    st.sampled_from("abcXYZ 019\t:;,\"'=/\\?@\x00\x01\x0b\x7f\x80\xe9\xff\r\n"), max_size=12
+)
+_line = st.sampled_from(
+    [
+        "POST /mcp HTTP/1.1",
+        "POST /servers/a_b.c~d/mcp HTTP/1.1",
+        "POST / HTTP/1.1",
+        "post /mcp HTTP/1.1",
+        "POST /mcp HTTP/1.1 ",
+        "POST /mcp HTTP/2.0",
+        "POST /mcp#x HTTP/1.1",
+        "POST /m cp HTTP/1.1",
+    ]
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    line=_line,
+    headers=st.lists(st.tuples(_name, _value), max_size=6),
+    body=st.binary(max_size=40),
+    length_delta=st.sampled_from([0, 0, 0, 1, -1]),
+    tail=st.sampled_from([b"", b"", b"\r\n", b"GET / HTTP/1.1\r\n\r\n"]),
+)
+def test_whatever_is_accepted_llhttp_reads_the_same(
+    line: str, headers: list[tuple[str, str]], body: bytes, length_delta: int, tail: bytes
+) -> None:
+    length = str(max(0, len(body) + length_delta))
+    assert_read_alike(request(headers, body, line, length) + tail)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=300))
+def test_arbitrary_bytes_after_a_plain_head(noise: bytes) -> None:
+    assert_read_alike(request() + noise)
+    assert_read_alike(request()[:60] + noise)
