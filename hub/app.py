@@ -25,6 +25,7 @@ from hub.legacy.endpoint import LegacyEndpoint
 from hub.legacy.sessions import Sessions
 from hub.operator import OperatorStream
 from hub.runtime import Hub
+from hub.sse import ListenStream
 from hub.task_reads import get_task
 from hub.upstream import Pool, Upstream
 
@@ -48,10 +49,12 @@ class HubApp:
         else:
             await self.rest(scope, receive, send)
 
-    def answer_now(self, path: str, headers: dict[str, str], body: bytes) -> Reply | None:
+    def answer_now(
+        self, path: str, headers: dict[str, str], body: bytes
+    ) -> Reply | ListenStream | None:
         """For the hub's connections (hub/connection.py): a whole `POST` request, its
-        headers by lower-case name, answered without an ASGI task when it needs no I/O;
-        None otherwise."""
+        headers by lower-case name, answered without an ASGI task when it needs no I/O
+        (a listen stream then runs on the connection by itself); None otherwise."""
         endpoint = self.endpoints.get(path)
         if endpoint is None or isinstance(endpoint, LegacyEndpoint):
             return None  # the legacy door always takes the ASGI path

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from starlette.types import Scope
 
@@ -43,9 +43,29 @@ from hub import uvicorn_internals as uv
 from hub.uvicorn_internals import Cycle, RawHeaders
 
 CONNECTION = "taskhub.connection"
+
+
+class Channel(Protocol):
+    """Where a stream's chunks go when they can go straight out."""
+
+    @property
+    def writable(self) -> bool: ...
+
+    def write(self, data: bytes) -> None: ...
+
+    def abort(self) -> None: ...
+
+
+class Detachable(Protocol):
+    """An answer that takes the connection over: a listen stream that runs on the
+    transport by itself (hub/detached.py), with no request cycle or task."""
+
+    def run_on(self, transport: asyncio.Transport, default_headers: RawHeaders) -> None: ...
+
+
 # The app's `answer_now(path, headers, body)` for a whole POST: (status, body, headers,
-# ...) or None to decline.
-AnswerNow = Callable[[str, dict[str, str], bytes], "tuple[Any, ...] | None"]
+# ...), a `Detachable`, or None to decline.
+AnswerNow = Callable[[str, dict[str, str], bytes], "tuple[Any, ...] | Detachable | None"]
 
 
 class DirectChannel:
@@ -159,8 +179,18 @@ def hub_protocol(header_timeout: float, answer_now: AnswerNow | None = None) -> 
             if reply is None:
                 return False
             self.waiting_since = None  # the head is in: as `head_complete`
-            self.respond_at_rest(reply[0], reply[2], reply[1])
+            if isinstance(reply, tuple):
+                self.respond_at_rest(reply[0], reply[2], reply[1])
+            else:
+                self.detach(reply)
             return True
+
+        def detach(self, stream: Detachable) -> None:
+            """Hand the connection to `stream` for good: out of uvicorn's connection set
+            (as for its WebSocket upgrade), so neither the header deadline nor uvicorn's
+            shutdown touches it; the stream closes it when it ends."""
+            self.connected_protocols().discard(self)
+            stream.run_on(self.transport, self.server_state.default_headers)
 
         def connected(self) -> None:
             self.waiting_since = self.loop.time()

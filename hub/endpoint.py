@@ -35,7 +35,7 @@ from hub.upstream import Upstream, UpstreamError
 
 # The methods answered in place when cached (by their Mcp-Method header, a hint only:
 # the app's path checks it against the body), and a missing header, which gets its error.
-_ANSWERED_NOW = frozenset({"tasks/get", "server/discover", None})
+_ANSWERED_NOW = frozenset({"tasks/get", "server/discover", "subscriptions/listen", None})
 ANONYMOUS = Identity("anonymous", None)  # every caller when authentication is off
 JSON = (b"content-type", b"application/json")
 RawHeaders = list[tuple[bytes, bytes]]
@@ -152,17 +152,21 @@ class McpEndpoint:
         kept = [(k, v) for k, v in headers if k != b"content-type"]
         return Reply(status, answer, [JSON, *kept, *cors], "ok", request.method)
 
-    def answer_now(self, headers: Mapping[str, str], body: bytes) -> Reply | None:
-        """The reply to a whole `POST` request (`headers` by lower-case name) if no I/O
-        is needed; else None, with nothing done that `__call__` would then do again."""
+    def answer_now(self, headers: Mapping[str, str], body: bytes) -> Reply | ListenStream | None:
+        """The reply to a whole `POST` request (`headers` by lower-case name), or the
+        listen stream to run on its connection, if no I/O is needed; else None, with
+        nothing done that `__call__` would then do again."""
         reply = self._reply_now(headers, body)
         if reply is not None:
             metrics = self.hub.metrics
-            metrics.requests.inc(1, reply.method, reply.outcome)
+            if isinstance(reply, ListenStream):
+                metrics.requests.inc(1, "subscriptions/listen", "ok")
+            else:
+                metrics.requests.inc(1, reply.method, reply.outcome)
             metrics.answered_in_place.inc()
         return reply
 
-    def _reply_now(self, headers: Mapping[str, str], body: bytes) -> Reply | None:
+    def _reply_now(self, headers: Mapping[str, str], body: bytes) -> Reply | ListenStream | None:
         if headers.get("mcp-method") not in _ANSWERED_NOW:
             return None  # not worth reading twice: the app reads it (and checks the header)
         cors, identity = self._admit("POST", headers)
@@ -179,6 +183,9 @@ class McpEndpoint:
             answer = self._dispatch_now(request, identity)
         except jsonrpc.RpcError as err:
             return _error(request.id, err, cors, request.method)
+        if isinstance(answer, ListenStream):
+            answer.extra_headers = cors  # as `adding_headers` adds them on the ASGI path
+            return answer
         return None if answer is None else _ok(request, answer, cors)
 
     # -- the steps -----------------------------------------------------------------------
@@ -240,11 +247,14 @@ class McpEndpoint:
             return await handlers.subscriptions_listen(hub, request, identity, service)
         raise jsonrpc.method_not_found(request.method)
 
-    def _dispatch_now(self, request: Request, identity: Identity) -> bytes | None:
+    def _dispatch_now(self, request: Request, identity: Identity) -> bytes | ListenStream | None:
         if request.method == "server/discover" and self.upstream is None:
             return handlers.discover(request)
         if request.method == "tasks/get":
             return handlers.tasks_get_cached(self.hub, request, identity.principal)
+        if request.method == "subscriptions/listen":
+            service = None if self.upstream is None else self.upstream.spec.label
+            return handlers.subscriptions_listen_cached(self.hub, request, identity, service)
         return None
 
     def _cors(self, origin: str) -> RawHeaders:

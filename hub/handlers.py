@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
@@ -242,20 +243,62 @@ async def subscriptions_listen(
     fleet event filters are granted too (docs/fleet-events.md).
     """
     principal = identity.principal
-    requested = list(request.task_ids or ())
+    _check_listen_limits(hub, request)
+    subscriber, events, release = _subscribe(hub, request, principal, service)
+    try:
+        granted: list[str] = []
+        for task_id in request.task_ids or ():
+            snapshot = await find_task(hub, task_id, principal)
+            if snapshot is not None:
+                granted.append(task_id)
+                subscriber.offer(snapshot)
+        _follow_granted(hub, subscriber, granted)
+    except BaseException:
+        release(subscriber)
+        raise
+    return _listen_stream(hub, request, identity, subscriber, granted, events, release)
+
+
+def subscriptions_listen_cached(
+    hub: Hub, request: Request, identity: Identity, service: str | None = None
+) -> ListenStream | None:
+    """`subscriptions_listen` when every task it names is cached and the caller's, so
+    nothing needs reading (nor waiting for: following and reading are one step); None,
+    with nothing done, otherwise."""
+    principal = identity.principal
+    _check_listen_limits(hub, request)
+    snapshots = [hub.cache.get(task_id) for task_id in request.task_ids or ()]
+    if not all(snapshot is not None and snapshot.owner == principal for snapshot in snapshots):
+        return None  # a store read decides (and times) the answer: `subscriptions_listen`
+    subscriber, events, release = _subscribe(hub, request, principal, service)
+    granted = list(request.task_ids or ())
+    for snapshot in snapshots:
+        assert snapshot is not None
+        subscriber.offer(snapshot)
+    _follow_granted(hub, subscriber, granted)
+    return _listen_stream(hub, request, identity, subscriber, granted, events, release)
+
+
+def _check_listen_limits(hub: Hub, request: Request) -> None:
     limit = hub.config.max_task_ids
     for name, count in (
-        ("taskIds", len(requested)),
+        ("taskIds", len(request.task_ids or ())),
         ("resourceSubscriptions", len(request.resource_uris or ())),
     ):
         if count > limit:
             hub.metrics.limited.inc(1, "task_ids")
             raise jsonrpc.invalid_params(f"Too many {name}: at most {limit} per subscription")
+
+
+def _subscribe(
+    hub: Hub, request: Request, principal: str, service: str | None
+) -> tuple[Subscriber, dict[str, Any], Callable[[Subscriber], None]]:
+    """A stream slot, the subscriber following its tasks and events, and its release."""
     refusal = hub.streams.acquire(principal)
     if refusal is not None:
         hub.metrics.limited.inc(1, "streams")
         raise jsonrpc.rate_limited(f"Too many open streams: {refusal}", "5")
-    subscriber = Subscriber(jsonrpc.encode_id(request.id), requested)
+    subscriber = Subscriber(jsonrpc.encode_id(request.id), request.task_ids or ())
     hub.fanout.subscribe(subscriber)
     events = _grant_events(hub, request, principal, service)
     if events:
@@ -271,21 +314,26 @@ async def subscriptions_listen(
         hub.fanout.unsubscribe(subscriber)
         hub.streams.release(principal)
 
-    try:
-        granted: list[str] = []
-        for task_id in requested:
-            snapshot = await find_task(hub, task_id, principal)
-            if snapshot is not None:
-                granted.append(task_id)
-                subscriber.offer(snapshot)
-        hub.fanout.narrow(subscriber, granted)
-        # A terminal state never changes (D18): send it once, follow no further.
-        for task_id in granted:
-            if subscriber.backlog[task_id].terminal:
-                hub.fanout.unfollow(subscriber, task_id)
-    except BaseException:
-        release(subscriber)
-        raise
+    return subscriber, events, release
+
+
+def _follow_granted(hub: Hub, subscriber: Subscriber, granted: list[str]) -> None:
+    hub.fanout.narrow(subscriber, granted)
+    # A terminal state never changes (D18): send it once, follow no further.
+    for task_id in granted:
+        if subscriber.backlog[task_id].terminal:
+            hub.fanout.unfollow(subscriber, task_id)
+
+
+def _listen_stream(
+    hub: Hub,
+    request: Request,
+    identity: Identity,
+    subscriber: Subscriber,
+    granted: list[str],
+    events: dict[str, Any],
+    release: Callable[[Subscriber], None],
+) -> ListenStream:
     if hub.closing:
         subscriber.finish(EndReason.SHUTDOWN)
     first = ack_frame(

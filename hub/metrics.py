@@ -124,7 +124,8 @@ class Metrics:
         )
         self.streams_opened = Counter(
             "taskhub_streams_opened_total",
-            "listen streams opened, by writer (direct socket writes or ASGI send)",
+            "listen streams opened, by writer (in_place: the connection's own, no task; "
+            "direct: a task with direct socket writes; asgi: ASGI send)",
             ("writer",),
         )
         # The front door (hub/upstream.py).

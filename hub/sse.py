@@ -22,9 +22,11 @@ from collections.abc import Callable
 from starlette.types import Receive, Scope, Send
 
 from hub.connection import connection_of
+from hub.detached import DetachedStream
 from hub.frames import KEEPALIVE_FRAME
 from hub.metrics import Metrics
 from hub.subscriber import EndReason, Subscriber
+from hub.uvicorn_internals import RawHeaders, streaming_head
 
 log = logging.getLogger("taskhub.sse")
 
@@ -52,6 +54,15 @@ class ListenStream:
         self.first_frame = first_frame
         self.metrics = metrics
         self.on_close = on_close
+        self.extra_headers: RawHeaders = []  # CORS, on a stream run by `run_on`
+
+    def run_on(self, transport: asyncio.Transport, default_headers: RawHeaders) -> None:
+        """Run on a connection of its own, without this object or a task (hub/detached.py)."""
+        headers = [*HEADERS, *self.extra_headers, (b"connection", b"close")]
+        stream = DetachedStream(self.subscriber, self.metrics, self.on_close)
+        stream.start(
+            transport, streaming_head(default_headers, 200, headers), self.first_frame, self.ends_at
+        )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         subscriber = self.subscriber
@@ -69,16 +80,16 @@ class ListenStream:
         if self.ends_at is not None:
             delay = max(0.0, self.ends_at - time.time())
             expiry = loop.call_later(delay, subscriber.finish, EndReason.TOKEN_EXPIRED)
+        _forget_request_head(scope)
         try:
-            start = {"type": "http.response.start", "status": 200, "headers": HEADERS}
-            await self._send(send, start)
-            await self._write(send, self.first_frame)
+            await self._send(
+                send, {"type": "http.response.start", "status": 200, "headers": HEADERS}
+            )
+            await self._write_first(send)
             subscriber.opened()
             while not subscriber.ended:
                 if subscriber.pending:
-                    data, count = subscriber.take_frames()
-                    await self._write(send, data)
-                    self.metrics.notifications_sent.inc(count)
+                    await self._write_pending(send)
                 elif subscriber.keepalive_due:
                     subscriber.keepalive_due = False
                     await self._write(send, KEEPALIVE_FRAME)
@@ -103,6 +114,17 @@ class ListenStream:
             self.on_close(subscriber)
             self.metrics.streams_closed.inc(1, reason.value)
 
+    # The frames are held by these calls' locals only: not by the parked stream.
+
+    async def _write_first(self, send: Send) -> None:
+        first, self.first_frame = self.first_frame, b""
+        await self._write(send, first)
+
+    async def _write_pending(self, send: Send) -> None:
+        data, count = self.subscriber.take_frames()
+        await self._write(send, data)
+        self.metrics.notifications_sent.inc(count)
+
     async def _write(self, send: Send, data: bytes) -> None:
         await self._send(send, {"type": "http.response.body", "body": data, "more_body": True})
 
@@ -126,3 +148,11 @@ class ListenStream:
             if message["type"] == "http.disconnect":
                 self.subscriber.lose()
                 return
+
+
+def _forget_request_head(scope: Scope) -> None:
+    """Empty the request's header list: read and checked by now, and otherwise held by
+    the server (uvicorn's connection keeps the same list) for the stream's whole life."""
+    headers = scope.get("headers")
+    if isinstance(headers, list):
+        headers.clear()

@@ -31,10 +31,10 @@ from __future__ import annotations
 
 import asyncio
 import enum
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from hub.cache import TaskSnapshot
-from hub.connection import DirectChannel
+from hub.connection import Channel
 from hub.frames import KEEPALIVE_FRAME, completion_frame, notification_prefix, task_frames
 
 
@@ -78,6 +78,7 @@ class Subscriber:
         "events",
         "keepalive_due",
         "last_write",
+        "on_wake",
         "prefix",
         "state",
         "subscription_id",
@@ -94,12 +95,14 @@ class Subscriber:
         self.events: dict[str, bytes] = {}  # event key → its unsent frame
         self.state = _OPENING
         self.end_reason: EndReason | None = None  # set on finish() or on the way to ENDED
-        self.channel: DirectChannel | None = None
+        self.channel: Channel | None = None
         self.task: asyncio.Task[None] | None = None  # the stream's own writer
         self.waiting_since: float | None = None  # the writer awaits `send` since (loop time)
         self.last_write = 0.0  # loop time
         self.keepalive_due = False  # a keep-alive only the writer can send
         self._waiter: asyncio.Future[None] | None = None
+        # A writer with no task of its own (hub/detached.py) is woken by this call instead.
+        self.on_wake: Callable[[], None] | None = None
 
     # -- the backlog ----------------------------------------------------------------------
 
@@ -177,7 +180,7 @@ class Subscriber:
         """Loop time since which the writer is stuck in `send`, if it is."""
         return self.waiting_since if self.state in _WRITING else None
 
-    def _writable_channel(self) -> DirectChannel | None:
+    def _writable_channel(self) -> Channel | None:
         """The channel, if a write now goes straight out; callers hold LIVE, so nothing
         the writer holds is ahead of it."""
         channel = self.channel
@@ -258,6 +261,9 @@ class Subscriber:
     # -- the writer's wait ------------------------------------------------------------------
 
     def wake(self) -> None:
+        if self.on_wake is not None:
+            self.on_wake()
+            return
         waiter = self._waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(None)

@@ -1,9 +1,10 @@
 """Every private part of uvicorn the hub relies on, and nothing else, in one place.
 
-The hub's connections (hub/connection.py) do three things uvicorn has no public API
+The hub's connections (hub/connection.py) do four things uvicorn has no public API
 for: write a whole response or a chunk of a streaming one without the ASGI `send`
-coroutine, answer a whole request without uvicorn's parser or an ASGI task, and
-replace the keep-alive timer with a header deadline. Each needs uvicorn's httptools protocol and
+coroutine, answer a whole request without uvicorn's parser or an ASGI task, hand the
+connection over to a stream of its own (hub/detached.py), and replace the keep-alive
+timer with a header deadline. Each needs uvicorn's httptools protocol and
 its per-request `RequestResponseCycle` from the inside. This module is the only one
 that touches them: `Protocol` turns uvicorn's private methods into named seams, and
 the functions below read and change a cycle exactly as uvicorn's own `send` would.
@@ -130,6 +131,24 @@ def _response(
     return b"".join(parts), keep_alive
 
 
+def streaming_head(default_headers: RawHeaders, status: int, headers: RawHeaders) -> bytes:
+    """The head of a chunked streaming response as uvicorn's `send` writes it for
+    `http.response.start` with neither Content-Length nor Transfer-Encoding."""
+    parts = [STATUS_LINE[status]]
+    for name, value in (*default_headers, *headers):
+        parts += (name, b": ", value, b"\r\n")
+    parts.append(b"transfer-encoding: chunked\r\n\r\n")
+    return b"".join(parts)
+
+
+def chunk(data: bytes) -> bytes:
+    """One HTTP/1.1 chunk of a streaming body, framed as uvicorn's `send` frames one."""
+    return b"%x\r\n%b\r\n" % (len(data), data)
+
+
+LAST_CHUNK = b"0\r\n\r\n"
+
+
 def chunk_writable(cycle: Cycle) -> bool:
     """True while a chunk of a streaming body may be written straight out: the response
     started chunked, is not finished, the client is there and the socket takes more."""
@@ -142,8 +161,8 @@ def chunk_writable(cycle: Cycle) -> bool:
 
 
 def write_chunk(cycle: Cycle, data: bytes) -> None:
-    """One HTTP/1.1 chunk, framed as uvicorn's `send` frames one; only if `chunk_writable`."""
-    cycle.transport.write(b"%x\r\n%b\r\n" % (len(data), data))
+    """One HTTP/1.1 chunk; only if `chunk_writable`."""
+    cycle.transport.write(chunk(data))
 
 
 def finished(cycle: Cycle) -> bool:

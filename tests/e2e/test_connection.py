@@ -20,6 +20,7 @@ from starlette.types import Receive, Scope, Send
 from bridge.wire import kv_subject
 from hub.app import HubApp
 from hub.endpoint import McpEndpoint, Reply
+from hub.sse import ListenStream
 from tests.helpers import (
     HubHarness,
     envelope,
@@ -44,7 +45,7 @@ class CountingEndpoint:
         self.through_app += 1
         await self.inner(scope, receive, send)
 
-    def answer_now(self, headers: Mapping[str, str], body: bytes) -> Reply | None:
+    def answer_now(self, headers: Mapping[str, str], body: bytes) -> Reply | ListenStream | None:
         reply = self.inner.answer_now(headers, body)
         self.in_place += reply is not None
         return reply
@@ -106,10 +107,13 @@ async def test_the_test_harness_hub_answers_in_place_and_streams_directly(
     assert metrics.answered_in_place.value() == 1
     async with hub.listen([tid]) as stream:
         await stream.next()
-        assert metrics.streams_opened.value("direct") == 1
+        # In place when the request came in one read, else by its own task: direct writes.
+        opened = metrics.streams_opened
+        assert opened.value("in_place") + opened.value("direct") == 1
     assert metrics.streams_opened.value("asgi") == 0
+    in_place = 1 + int(metrics.streams_opened.value("in_place"))  # the get, maybe the listen
     text = (await hub.client.get(hub.url + "/metrics")).text
-    assert "taskhub_answered_in_place_total 1" in text
+    assert f"taskhub_answered_in_place_total {in_place}" in text
 
 
 async def test_pipelined_requests_get_whole_responses_in_order(
@@ -211,3 +215,100 @@ async def test_a_client_that_asks_to_close_gets_connection_close_and_a_hang_up(
     headers = [line.lower() for line in head_bytes.decode().split("\r\n")[1:]]
     assert "connection: close" in headers
     assert json.loads(payload)["result"]["statusMessage"] == "bye"
+
+
+async def raw_listen(
+    harness: HubHarness, task_ids: list[str], **extra: str
+) -> tuple[asyncio.StreamReader, asyncio.StreamWriter, bytes]:
+    """A listen request in one write (so in one read: the fast lane's); the response head."""
+    body = rpc("subscriptions/listen", {"notifications": {"taskIds": task_ids}}, id="raw")
+    payload = json.dumps(body).encode()
+    head = {**headers_for(body), "Host": "127.0.0.1", "Content-Length": str(len(payload)), **extra}
+    lines = "".join(f"{name}: {value}\r\n" for name, value in head.items())
+    host, port = harness.url.removeprefix("http://").split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    writer.write(f"POST /mcp HTTP/1.1\r\n{lines}\r\n".encode() + payload)
+    response_head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+    return reader, writer, response_head
+
+
+class Messages:
+    """The SSE `data:` messages of a chunked body, in order (a chunk holds whole events)."""
+
+    def __init__(self, reader: asyncio.StreamReader) -> None:
+        self.reader = reader
+        self.unread: list[dict[str, Any]] = []
+
+    async def next(self) -> dict[str, Any]:
+        while not self.unread:
+            size = int(await asyncio.wait_for(self.reader.readuntil(b"\r\n"), 10), 16)
+            data = await self.reader.readexactly(size + 2)
+            lines = data.split(b"\n")
+            self.unread += [json.loads(line[6:]) for line in lines if line.startswith(b"data: ")]
+        return self.unread.pop(0)
+
+
+async def test_a_listen_stream_runs_in_place_from_ack_to_goodbye(
+    served: HubHarness, js: Any, bucket: str
+) -> None:
+    """All its tasks cached and the caller's: the connection leaves uvicorn and the stream
+    runs on it with no task; the hub's shutdown still gets its completion result (H63)."""
+    tid = new_task_id()
+    await js.publish(kv_subject(bucket, tid), envelope(tid, statusMessage="first"))
+    await eventually(lambda: served.hub.cache.get(tid) is not None)
+    metrics = served.hub.metrics
+    reader, writer, head = await raw_listen(served, [tid])
+    messages = Messages(reader)
+    try:
+        lines = head.decode().lower().split("\r\n")
+        assert lines[0] == "http/1.1 200 ok"
+        assert {"content-type: text/event-stream", "connection: close"} <= set(lines)
+        assert "transfer-encoding: chunked" in lines
+        ack = await messages.next()
+        assert ack["method"] == "notifications/subscriptions/acknowledged"
+        assert ack["params"]["notifications"]["taskIds"] == [tid]
+        assert (await messages.next())["params"]["statusMessage"] == "first"
+        assert metrics.streams_opened.value("in_place") == 1
+        await js.publish(kv_subject(bucket, tid), envelope(tid, statusMessage="second"))
+        assert (await messages.next())["params"]["statusMessage"] == "second"
+        served.hub.begin_shutdown()
+        goodbye = await messages.next()
+        assert goodbye["id"] == "raw" and "result" in goodbye
+        assert await asyncio.wait_for(reader.readuntil(b"0\r\n\r\n"), 10) == b"0\r\n\r\n"
+        assert await asyncio.wait_for(reader.read(), 10) == b""  # the hub hung up
+    finally:
+        writer.close()
+    await eventually(lambda: len(served.hub.fanout) == 0)
+    assert metrics.streams_closed.value("shutdown") == 1
+
+
+async def test_a_listen_stream_in_place_ends_when_its_client_leaves(
+    served: HubHarness, js: Any, bucket: str
+) -> None:
+    tid = new_task_id()
+    await js.publish(kv_subject(bucket, tid), envelope(tid))
+    await eventually(lambda: served.hub.cache.get(tid) is not None)
+    reader, writer, _ = await raw_listen(served, [tid])
+    await Messages(reader).next()
+    assert len(served.hub.fanout) == 1
+    writer.close()
+    await eventually(lambda: len(served.hub.fanout) == 0)
+    assert served.hub.metrics.streams_closed.value("client") == 1
+    assert served.hub.streams.acquire("anonymous") is None  # its slot is free again
+    served.hub.streams.release("anonymous")
+
+
+async def test_a_listen_naming_an_uncached_task_takes_the_app(
+    served: HubHarness, js: Any, bucket: str
+) -> None:
+    """Only a store read can tell an unknown task from a foreign one (H46): the app's."""
+    tid = new_task_id()
+    await js.publish(kv_subject(bucket, tid), envelope(tid))
+    await eventually(lambda: served.hub.cache.get(tid) is not None)
+    reader, writer, head = await raw_listen(served, [tid, new_task_id()])
+    try:
+        assert b"connection: close" not in head.lower()
+        assert (await Messages(reader).next())["params"]["notifications"]["taskIds"] == [tid]
+        assert served.hub.metrics.streams_opened.value("direct") == 1
+    finally:
+        writer.close()
