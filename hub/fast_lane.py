@@ -19,9 +19,9 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-# What a target and a header name may hold; a value must be `str.isprintable` (visible
-# ASCII, space, and latin-1 letters: stricter than llhttp, which also takes tabs and
-# control bytes above 0x7f).
+# What a target and a header name may hold. The whole head must be `str.isprintable`
+# between its line ends (visible ASCII, spaces, latin-1 letters): stricter than llhttp,
+# which also takes tabs and control bytes above 0x7f.
 _PATH_CHARS = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789/_.~-"
 _TOKEN_CHARS = "!#$%&'*+.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ-"
 # Headers after which uvicorn's parser does more than read a request: decline.
@@ -42,7 +42,10 @@ def parse(data: bytes) -> WholeRequest | None:
     head_end = data.find(b"\r\n\r\n", 0, MAX_HEAD) + 4
     if head_end < 4:
         return None
-    lines = data[:head_end].decode("latin-1").split("\r\n")
+    head = data[:head_end].decode("latin-1")
+    if not head[:-4].replace("\r\n", "").isprintable():
+        return None  # a control character somewhere, or a bare CR or LF
+    lines = head.split("\r\n")
     request_line = lines[0]
     target = request_line[5:-9]  # between "POST " and " HTTP/1.1"
     if not request_line.endswith(" HTTP/1.1") or target.strip(_PATH_CHARS):
@@ -51,8 +54,8 @@ def parse(data: bytes) -> WholeRequest | None:
     headers = {}
     for line in lines:
         name, colon, value = line.partition(":")
-        value = value.lstrip(" \t")  # as llhttp: trailing whitespace stays
-        if not (colon and name) or name.strip(_TOKEN_CHARS) or not value.isprintable():
+        value = value.lstrip(" ")  # as llhttp: trailing whitespace stays
+        if not (colon and name) or name.strip(_TOKEN_CHARS):
             return None
         headers[name.lower()] = value
     if len(headers) != len(lines) or not _DECLINED.isdisjoint(headers):

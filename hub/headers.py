@@ -32,6 +32,8 @@ def header_map(raw: Iterable[tuple[bytes, bytes]]) -> dict[str, str]:
 
 
 def is_plain_safe(value: str) -> bool:
+    if value.isascii() and value.isprintable():  # visible ASCII and spaces: the usual case
+        return not value or (value[0] != " " and value[-1] != " ")
     return _PLAIN_SAFE.fullmatch(value) is not None
 
 

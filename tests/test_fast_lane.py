@@ -96,10 +96,11 @@ def test_a_plain_request_is_read_whole() -> None:
 
 def test_whitespace_before_a_value_is_dropped_and_after_it_kept_as_by_llhttp() -> None:
     # So a value with trailing whitespace gets the same answer (H15: not plain-safe).
-    parsed = fast_lane.parse(request([("Mcp-Name", " \t x y  ")]))
+    parsed = fast_lane.parse(request([("Mcp-Name", "   x y  ")]))
     assert parsed is not None and parsed.headers["mcp-name"] == "x y  "
-    assert_read_alike(request([("Mcp-Name", " \t x y  ")]))
-    assert fast_lane.parse(request([("Mcp-Name", "x\ty")])) is None  # a tab inside: uvicorn's
+    assert_read_alike(request([("Mcp-Name", "   x y  ")]))
+    for value in ("x\ty", "\tx"):  # a tab anywhere: uvicorn's parser reads it
+        assert fast_lane.parse(request([("Mcp-Name", value)])) is None
 
 
 def test_keep_alive_is_the_only_connection_taken() -> None:

@@ -101,3 +101,12 @@ def test_header_map_keeps_the_first_of_a_repeated_header() -> None:
     raw = [(b"mcp-method", b"tasks/get"), (b"origin", b"http://a"), (b"mcp-method", b"other")]
     assert header_map(raw) == {"mcp-method": "tasks/get", "origin": "http://a"}
     assert header_map([(b"x", b"caf\xe9")]) == {"x": "café"}  # latin-1, as ASGI sends it
+
+
+@given(st.text(alphabet=st.characters(max_codepoint=0x17F)))
+def test_the_plain_safe_shortcut_agrees_with_the_rule(value: str) -> None:
+    """`is_plain_safe` skips its pattern for visible ASCII and spaces; the answer is the same."""
+    from hub.headers import _PLAIN_SAFE
+
+    assert is_plain_safe(value) == (_PLAIN_SAFE.fullmatch(value) is not None)
+    assert is_plain_safe(f" {value}") is False and is_plain_safe(f"{value}\t") is False
