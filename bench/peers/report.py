@@ -8,7 +8,7 @@ publisher can be what limits a figure, not the server it is printed under.
 
 from __future__ import annotations
 
-from bench.peers.scenarios import PEERS
+from bench.peers.scenarios import PACED, PEERS
 
 Figures = dict[str, float]
 TARGETS = {
@@ -103,29 +103,30 @@ def _fanout(r: Figures, skipped: dict[str, str]) -> list[str]:
     lines.append(
         _row(label, "frame on the wire (SSE framing included)", r, scenario, skipped, sizes)
     )
-    for rate in rates:
-        k = f"r{rate:.0f}"
+    windows = [(f"r{rate:.0f}", f"{rate:,.0f} frames/s offered") for rate in rates]
+    if "hub_over_rate" in r:
+        windows.append(("over", f"overload, {r['hub_over_offered']:,.0f} frames/s offered"))
+    if "hub_paced_rate" in r:
+        windows.append(("paced", f"paced at {PACED:.0%} of each one's overload delivery"))
+    for k, title in windows:
         cpu: dict[str, str] = {}
         latency: dict[str, str] = {}
         busy: dict[str, str] = {}
         for t in _measured(r, scenario, f"{k}_us_per_frame"):
             nats = r.get(f"{t}_{k}_nats_us_per_frame")
             beside = f" (+{nats:.1f} nats-server)" if nats is not None else ""
-            cpu[t] = f"{r[f'{t}_{k}_rate']:,.0f}/s; **{r[f'{t}_{k}_us_per_frame']:.1f} µs**{beside}"
+            offered = f"{r[f'{t}_{k}_offered']:,.0f} → " if k == "paced" else ""
+            cpu[t] = (
+                f"{offered}{r[f'{t}_{k}_rate']:,.0f}/s; "
+                f"**{r[f'{t}_{k}_us_per_frame']:.1f} µs**{beside}"
+            )
             latency[t] = (
                 f"{r[f'{t}_{k}_p50_ms']:.1f} / **{r[f'{t}_{k}_p99_ms']:.1f}** / "
                 f"{r[f'{t}_{k}_p999_ms']:.1f} ms"
             )
             busy[t] = saturation(r, f"{t}_{k}_cores_")
         lines += [
-            _row(
-                "",
-                f"{rate:,.0f} frames/s offered: delivered; server CPU per frame",
-                r,
-                scenario,
-                skipped,
-                cpu,
-            ),
+            _row("", f"{title}: delivered; server CPU per frame", r, scenario, skipped, cpu),
             _row("", "p50 / p99 / p99.9 publish→client", r, scenario, skipped, latency),
             _row("", "which process saturated (cores)", r, scenario, skipped, busy),
         ]

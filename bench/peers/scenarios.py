@@ -2,7 +2,10 @@
 
 peers_fanout  S streams over T topics (one topic per task, S/T streams each), frames/s
               delivered at fixed offered rates: server CPU per frame, p50/p99/p99.9
-              publish→client, and every process's CPU (which one ran out first).
+              publish→client, and every process's CPU (which one ran out first). Then
+              an overload window (OVERLOAD × the top rate offered: what each target
+              delivers flat out) and a paced one (PACED × what that target delivered
+              flat out: its saturation with no queue building).
 peers_storm   N streams connect at once: wall time until every stream has its first
               frame (the hub's ack + snapshot, nchan's newest message, Pushpin's origin
               body), the server CPU it took, and RSS per idle stream.
@@ -46,6 +49,8 @@ T = TypeVar("T")
 # ZeroMQ and zurl settings). The wall time includes the retries, and the table counts them.
 OPEN_RETRIES = 10
 DRAIN_S = 10.0  # after a fan-out window, at most this long for the target to go quiet
+OVERLOAD = 2.0  # the overload window offers this many times the top fixed rate
+PACED = 0.9  # the paced window offers this share of what the target delivered overloaded
 
 
 @dataclass
@@ -310,13 +315,17 @@ async def peers_fanout(h: Harness, s: Sizes, repeat: int) -> Metrics:
                         f"  {lane.name}: {streams:,} streams open in {opened['seconds']:.2f} s "
                         f"({opened['retried']} refused and opened again)"
                     )
-            for frames in s.peer_rates:
-                # Every target at this rate before the next rate: drift hits all alike.
+            windows = [(f"r{frames:.0f}", frames) for frames in s.peer_rates]
+            windows.append(("over", OVERLOAD * s.peer_rates[-1]))
+            windows.append(("paced", 0.0))  # per target: PACED × its overload delivery
+            for key, frames in windows:
+                # Every target in this window before the next one: drift hits all alike.
                 for lane, target in _rotated(started, rep):
-                    window = await _window(lane, target, followers, frames, s)
-                    run.update({f"{lane.name}_r{frames:.0f}_{k}": v for k, v in window.items()})
+                    offer = frames or PACED * run[f"{lane.name}_over_rate"]
+                    window = await _window(lane, target, followers, offer, s)
+                    run.update({f"{lane.name}_{key}_{k}": v for k, v in window.items()})
                     h.log(
-                        f"  {lane.name} at {frames:,.0f} frames/s: delivered "
+                        f"  {lane.name} at {offer:,.0f} frames/s ({key}): delivered "
                         f"{window['rate']:,.0f}/s, {window['us_per_frame']:.1f} µs/frame, "
                         f"p99 {window['p99_ms']:.1f} ms; quiet {window['drain_s']:.1f} s later"
                     )
