@@ -272,11 +272,15 @@ def subscriptions_listen_cached(
         return None  # a store read decides (and times) the answer: `subscriptions_listen`
     subscriber, events, release = _subscribe(hub, request, principal, service)
     granted = list(request.task_ids or ())
-    for snapshot in snapshots:
-        assert snapshot is not None
-        subscriber.offer(snapshot)
-    _follow_granted(hub, subscriber, granted)
-    return _listen_stream(hub, request, identity, subscriber, granted, events, release)
+    try:
+        for snapshot in snapshots:
+            assert snapshot is not None
+            subscriber.offer(snapshot)
+        _follow_granted(hub, subscriber, granted)
+        return _listen_stream(hub, request, identity, subscriber, granted, events, release)
+    except BaseException:  # nothing left behind for the app's path, which then answers
+        release(subscriber)
+        raise
 
 
 def _check_listen_limits(hub: Hub, request: Request) -> None:

@@ -312,3 +312,34 @@ async def test_a_listen_naming_an_uncached_task_takes_the_app(
         assert served.hub.metrics.streams_opened.value("direct") == 1
     finally:
         writer.close()
+
+
+async def test_a_listen_that_fails_in_place_leaves_nothing_behind_for_the_app(
+    served: HubHarness, js: Any, bucket: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """If answering in place raises half-way, the app answers the same request; the
+    in-place attempt must not leave its subscription (and stream slot) behind."""
+    from hub import handlers
+
+    tid = new_task_id()
+    await js.publish(kv_subject(bucket, tid), envelope(tid))
+    await eventually(lambda: served.hub.cache.get(tid) is not None)
+    real_ack = handlers.ack_frame
+    calls = 0
+
+    def ack_failing_once(*args: Any) -> bytes:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            raise RuntimeError("injected: the in-place attempt fails")
+        return real_ack(*args)
+
+    monkeypatch.setattr(handlers, "ack_frame", ack_failing_once)
+    reader, writer, _ = await raw_listen(served, [tid])
+    try:
+        assert (await Messages(reader).next())["params"]["notifications"]["taskIds"] == [tid]
+        assert calls == 2 and served.hub.metrics.streams_opened.value("direct") == 1
+        assert len(served.hub.fanout) == 1  # the app's stream only
+    finally:
+        writer.close()
+    await eventually(lambda: len(served.hub.fanout) == 0)
