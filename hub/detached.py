@@ -22,12 +22,11 @@ connection closes, there being no HTTP protocol left to read another request.
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Callable
 
 from hub.frames import KEEPALIVE_FRAME
 from hub.metrics import Metrics
-from hub.subscriber import EndReason, Subscriber
+from hub.subscriber import Subscriber
 from hub.uvicorn_internals import LAST_CHUNK, chunk
 
 
@@ -68,9 +67,7 @@ class DetachedStream(asyncio.Protocol):
         subscriber.channel = self
         subscriber.on_wake = self._wake
         self.metrics.streams_opened.inc(1, "in_place")
-        if ends_at is not None:
-            delay = max(0.0, ends_at - time.time())
-            self._expiry = self._loop.call_later(delay, subscriber.finish, EndReason.TOKEN_EXPIRED)
+        self._expiry = subscriber.finish_at(ends_at)
         states, count = subscriber.take_frames()
         transport.write(head + chunk(first + states))
         self.metrics.notifications_sent.inc(count)

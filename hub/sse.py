@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Callable
 
 from starlette.types import Receive, Scope, Send
@@ -67,7 +66,6 @@ class ListenStream:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         subscriber = self.subscriber
         subscriber.task = asyncio.current_task()
-        loop = asyncio.get_running_loop()
         connection = connection_of(scope)
         channel = subscriber.channel = None if connection is None else connection.channel(scope)
         watcher = None
@@ -76,10 +74,7 @@ class ListenStream:
         else:  # another ASGI server: learn of the disconnect from `receive`
             watcher = asyncio.create_task(self._watch_disconnect(receive))
         self.metrics.streams_opened.inc(1, "asgi" if channel is None else "direct")
-        expiry = None
-        if self.ends_at is not None:
-            delay = max(0.0, self.ends_at - time.time())
-            expiry = loop.call_later(delay, subscriber.finish, EndReason.TOKEN_EXPIRED)
+        expiry = subscriber.finish_at(self.ends_at)
         _forget_request_head(scope)
         try:
             await self._send(

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import time
 from collections.abc import Callable, Iterable
 
 from hub.cache import TaskSnapshot
@@ -213,6 +214,15 @@ class Subscriber:
         self.state = _ENDING
         self.end_reason = reason
         self.wake()
+
+    def finish_at(self, ends_at: float | None) -> asyncio.TimerHandle | None:
+        """End the stream gracefully at epoch `ends_at` (its caller's token expires, H63);
+        the timer, for the writer to cancel when the stream ends first."""
+        if ends_at is None:
+            return None
+        delay = max(0.0, ends_at - time.time())
+        loop = asyncio.get_running_loop()
+        return loop.call_later(delay, self.finish, EndReason.TOKEN_EXPIRED)
 
     def lose(self) -> None:
         """The connection is gone: send nothing more (H23, H64)."""
