@@ -4,12 +4,18 @@ Everything read from NATS passes `TaskCache.apply_put` / `apply_delete`, which e
 the reader rules of contract 3: malformed values, key mismatches, stale revisions and
 any change to a terminal task are refused and counted, so a bad writer can never make
 the hub report something that was not legally written (invariant 2, H43).
+
+A task is held as one bytes object (its revision, expiry, poll interval, status, owner,
+server and DetailedTask JSON, packed) under its id, and handed out as a `TaskSnapshot`
+made from it: a cached task of 229 bytes of JSON costs about 400 bytes in all, not eight
+Python objects (650 bytes; docs/scaling.md).
 """
 
 from __future__ import annotations
 
 import heapq
 import math
+import struct
 import sys
 import time
 from collections.abc import Callable
@@ -30,7 +36,23 @@ from hub.jsonrpc import line_safe
 # A deleted key remembers its delete revision this long, so a slower read-through of
 # an older value cannot bring the task back.
 TOMBSTONE_SECONDS = 120.0
-SHARED_INTS = 1024  # distinct pollIntervalMs values held once each
+
+# A packed task: revision, expires_at (NaN: unlimited), pollIntervalMs (-1: none), status
+# (an index into STATUSES), the lengths of owner and server; then owner, server and body.
+# Lengths of 65,535 bytes and more are given as LONG after the head, both marked 0xFFFF.
+# The body leaves out its opening `{"taskId":"<the key>",` (the id is the dict's key
+# already) when it has one: status then carries _ID_LEFT_OUT. LAYOUT names all this in a
+# checkpoint (hub/checkpoint.py): a change here is a new LAYOUT.
+LAYOUT = "packed-2 <QdqBHH"
+PACKED = struct.Struct("<QdqBHH")
+_ID_LEFT_OUT = 0x80
+_ID_OPEN, _ID_CLOSE = b'{"taskId":"', b'",'
+_LONG = struct.Struct("<II")
+_LONG_MARK = 0xFFFF
+_EXPIRY = struct.Struct("<d")  # expires_at alone, at offset 8
+STATUSES = ("working", "input_required", "completed", "failed", "cancelled")
+_STATUS_INDEX = {status: index for index, status in enumerate(STATUSES)}
+_NO_EXPIRY = math.nan
 
 
 class Rejected(Enum):
@@ -41,8 +63,11 @@ class Rejected(Enum):
     OWNER_CHANGE = "owner_change"
 
 
-class TaskSnapshot(msgspec.Struct, frozen=True):
-    """One revision of one task; `body` is its DetailedTask JSON, shared by every reader."""
+class TaskSnapshot(msgspec.Struct, frozen=True, gc=False):
+    """One revision of one task; `body` is its DetailedTask JSON, shared by every reader.
+
+    Untracked by the garbage collector (it holds no containers, so it can be in no
+    cycle): a million cached tasks cost the collector nothing and 16 bytes less each."""
 
     task_id: str
     owner: str
@@ -82,13 +107,12 @@ class TaskCache:
         on_reject: RejectListener = _ignore,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        self._tasks: dict[str, TaskSnapshot] = {}
+        self._tasks: dict[str, bytes] = {}  # task id → pack(snapshot)
         self._tombstones: dict[str, tuple[int, float]] = {}
         # Expiry: task ids by the whole second they expire by, and a heap of those seconds.
         # One entry per task and distinct expiry (not per revision): a few bytes each.
         self._expiring: dict[int, list[str]] = {}
         self._expiry_seconds: list[int] = []
-        self._ints: dict[int, int] = {}
         # Per server: [tasks, of which not terminal] (the operator stream's fleet view).
         self._servers: dict[str, list[int]] = {}
         self._on_change = on_change
@@ -101,10 +125,11 @@ class TaskCache:
 
     def get(self, task_id: str) -> TaskSnapshot | None:
         """The current snapshot, or None when unknown or past its TTL."""
-        snapshot = self._tasks.get(task_id)
-        if snapshot is None or snapshot.expired(self._clock()):
+        packed = self._tasks.get(task_id)
+        if packed is None:
             return None
-        return snapshot
+        snapshot = unpack(task_id, packed)
+        return None if snapshot.expired(self._clock()) else snapshot
 
     def server_counts(self) -> dict[str, tuple[int, int]]:
         """Per server id: its tasks held, and how many of them are not terminal."""
@@ -113,12 +138,61 @@ class TaskCache:
     def live(self) -> list[TaskSnapshot]:
         """Every task not past its TTL (a scan: an operator stream's first states)."""
         now = self._clock()
-        return [s for s in self._tasks.values() if not s.expired(now)]
+        snapshots = (unpack(task_id, packed) for task_id, packed in self._tasks.items())
+        return [s for s in snapshots if not s.expired(now)]
 
     def owned_by(self, owner: str) -> list[TaskSnapshot]:
         """Every live task of `owner` (a scan: the legacy `tasks/list` is its one user)."""
+        wanted = owner.encode()
         now = self._clock()
-        return [s for s in self._tasks.values() if s.owner == owner and not s.expired(now)]
+        snapshots = (
+            unpack(task_id, packed)
+            for task_id, packed in self._tasks.items()
+            if _owner_of(packed) == wanted
+        )
+        return [s for s in snapshots if not s.expired(now)]
+
+    def packed(self) -> tuple[list[str], list[bytes]]:
+        """Every task held, expired or not, packed: what a checkpoint saves."""
+        return list(self._tasks), list(self._tasks.values())
+
+    def restore(self, task_ids: list[str], packed: list[bytes]) -> int:
+        """Fill an empty cache from a checkpoint's `packed()`, leaving out what has expired;
+        returns how many tasks it holds. No listener hears of them: nobody can be listening
+        before the hub has started. Raises ValueError, holding nothing, if any value is not
+        a packed task."""
+        if self._tasks:
+            raise RuntimeError("restore needs an empty cache")
+        if len(task_ids) != len(packed):
+            raise ValueError("as many task ids as values are needed")
+        now = self._clock()
+        tasks = self._tasks
+        by_server: dict[bytes, list[int]] = {}  # decoded once each, below
+        terminal = {STATUSES.index(status) for status in TERMINAL}
+        try:
+            for task_id, value in zip(task_ids, packed, strict=True):
+                _, expires_at, _, status, owner_at, server_at, body_at = _head(value)
+                status &= ~_ID_LEFT_OUT
+                if status >= len(STATUSES):
+                    raise ValueError(f"status {status} is not one of {len(STATUSES)}")
+                if now >= expires_at:  # never for NaN: unlimited
+                    continue
+                value[owner_at:server_at].decode()  # the owner: valid UTF-8 too
+                tasks[task_id] = value
+                server = value[server_at:body_at]
+                counts = by_server.get(server)
+                if counts is None:
+                    counts = by_server[server] = [0, 0]
+                counts[0] += 1
+                if status not in terminal:
+                    counts[1] += 1
+                if expires_at == expires_at:
+                    self._expire_by(task_id, expires_at)
+            self._servers = {server.decode(): counts for server, counts in by_server.items()}
+        except (struct.error, UnicodeDecodeError, ValueError) as exc:
+            self.reset()
+            raise ValueError(f"not a packed task: {exc}") from None
+        return len(tasks)
 
     def apply_put(self, key: str, revision: int, data: bytes) -> TaskSnapshot | None:
         """Ingest one KV value; returns the new snapshot if it was accepted."""
@@ -141,7 +215,8 @@ class TaskCache:
         if tombstone is not None and revision <= tombstone[0]:
             self._reject(Rejected.STALE)
             return None
-        current = self._tasks.get(key)
+        held = self._tasks.get(key)
+        current = None if held is None else unpack(key, held)
         body = line_safe(encode(task))
         if current is not None:
             if revision == current.revision:
@@ -161,16 +236,15 @@ class TaskCache:
         poll = task.pollIntervalMs
         snapshot = TaskSnapshot(
             task_id=key,
-            # A fleet has few owners and servers: one string each, not one per task.
-            owner=sys.intern(envelope.owner),
-            server=sys.intern(envelope.server),
+            owner=envelope.owner,
+            server=envelope.server,
             revision=revision,
             status=task.status,
             expires_at=expires_at,
             body=body,
-            poll_interval_ms=self._small_int(poll) if isinstance(poll, int) else None,
+            poll_interval_ms=poll if isinstance(poll, int) else None,
         )
-        self._tasks[key] = snapshot
+        self._tasks[key] = pack(snapshot)
         if current is not None:
             self._count(current, -1)
         self._count(snapshot, 1)
@@ -181,7 +255,8 @@ class TaskCache:
 
     def apply_delete(self, key: str, revision: int) -> bool:
         """A KV delete, purge or expiry marker; returns True if a task was removed."""
-        current = self._tasks.get(key)
+        held = self._tasks.get(key)
+        current = None if held is None else unpack(key, held)
         if current is not None and revision < current.revision:
             self._reject(Rejected.STALE)
             return False
@@ -198,8 +273,8 @@ class TaskCache:
         self._expiring.clear()
         self._expiry_seconds.clear()
         self._servers.clear()
-        for snapshot in removed.values():
-            self._on_remove(snapshot)
+        for task_id, packed in removed.items():
+            self._on_remove(unpack(task_id, packed))
 
     def sweep(self) -> int:
         """Evict tasks past their TTL and old tombstones; returns how many tasks went."""
@@ -208,11 +283,11 @@ class TaskCache:
         seconds = self._expiry_seconds
         while seconds and seconds[0] <= now:
             for key in self._expiring.pop(heapq.heappop(seconds)):
-                current = self._tasks.get(key)
+                packed = self._tasks.get(key)
                 # A later revision may carry a new ttlMs: a task is dropped only once
                 # expired, and an entry for its older expiry finds it alive or gone.
-                if current is not None and current.expired(now):
-                    self._drop(current)
+                if packed is not None and now >= _EXPIRY.unpack_from(packed, 8)[0]:
+                    self._drop(unpack(key, packed))
                     evicted += 1
         stale = [key for key, (_, until) in self._tombstones.items() if until <= now]
         for key in stale:
@@ -227,15 +302,6 @@ class TaskCache:
             keys = self._expiring[second] = []
             heapq.heappush(self._expiry_seconds, second)
         keys.append(key)
-
-    def _small_int(self, value: int) -> int:
-        """Poll intervals repeat: the same int object for each distinct value (bounded)."""
-        held = self._ints.get(value)
-        if held is None:
-            if len(self._ints) >= SHARED_INTS:
-                return value
-            held = self._ints[value] = value
-        return held
 
     def _drop(self, snapshot: TaskSnapshot) -> None:
         del self._tasks[snapshot.task_id]
@@ -254,3 +320,66 @@ class TaskCache:
 
     def _reject(self, reason: Rejected) -> None:
         self._on_reject(reason)
+
+
+def pack(snapshot: TaskSnapshot) -> bytes:
+    """One bytes object for the cache to hold (PACKED, then owner, server and body)."""
+    owner, server = snapshot.owner.encode(), snapshot.server.encode()
+    expires_at, poll = snapshot.expires_at, snapshot.poll_interval_ms
+    long = len(owner) >= _LONG_MARK or len(server) >= _LONG_MARK
+    status = _STATUS_INDEX[snapshot.status]
+    body: bytes | memoryview = snapshot.body
+    opening = b"".join((_ID_OPEN, snapshot.task_id.encode(), _ID_CLOSE))
+    if snapshot.body.startswith(opening):
+        body = memoryview(snapshot.body)[len(opening) :]
+        status |= _ID_LEFT_OUT
+    head = PACKED.pack(
+        snapshot.revision,
+        _NO_EXPIRY if expires_at is None else expires_at,
+        -1 if poll is None else poll,
+        status,
+        _LONG_MARK if long else len(owner),
+        _LONG_MARK if long else len(server),
+    )
+    if long:
+        head += _LONG.pack(len(owner), len(server))
+    return b"".join((head, owner, server, body))
+
+
+def _head(packed: bytes) -> tuple[int, float, int, int, int, int, int]:
+    """Revision, expiry, poll interval and status, and where owner, server and body begin."""
+    revision, expires_at, poll, status, owner_length, server_length = PACKED.unpack_from(packed)
+    owner_at = PACKED.size
+    if owner_length == _LONG_MARK and server_length == _LONG_MARK:
+        owner_length, server_length = _LONG.unpack_from(packed, owner_at)
+        owner_at += _LONG.size
+    server_at = owner_at + owner_length
+    body_at = server_at + server_length
+    if body_at > len(packed):
+        raise ValueError("owner and server run past the value")
+    return revision, expires_at, poll, status, owner_at, server_at, body_at
+
+
+def _owner_of(packed: bytes) -> bytes:
+    _, _, _, _, owner_at, server_at, _ = _head(packed)
+    return packed[owner_at:server_at]
+
+
+def unpack(task_id: str, packed: bytes) -> TaskSnapshot:
+    """The snapshot `pack` packed."""
+    revision, expires_at, poll, status, owner_at, server_at, body_at = _head(packed)
+    if status & _ID_LEFT_OUT:
+        rest = memoryview(packed)[body_at:]
+        body = b"".join((_ID_OPEN, task_id.encode(), _ID_CLOSE, rest))
+    else:
+        body = packed[body_at:]
+    return TaskSnapshot(
+        task_id,
+        packed[owner_at:server_at].decode(),
+        packed[server_at:body_at].decode(),
+        revision,
+        STATUSES[status & ~_ID_LEFT_OUT],
+        None if expires_at != expires_at else expires_at,  # NaN: unlimited
+        body,
+        None if poll < 0 else poll,
+    )

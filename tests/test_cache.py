@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 import tracemalloc
 
 import pytest
@@ -35,7 +36,7 @@ def test_accepts_a_valid_value_and_encodes_the_task_once() -> None:
     tid = new_task_id()
     snap = r.cache.apply_put(tid, 5, envelope(tid, statusMessage="hi", pollIntervalMs=500))
     assert snap is not None and r.changes == [snap]
-    assert r.cache.get(tid) is snap
+    assert r.cache.get(tid) == snap
     assert json.loads(snap.body) == {
         "taskId": tid,
         "status": "working",
@@ -134,7 +135,7 @@ def test_terminal_states_never_change(terminal: str, later: str) -> None:
     assert first is not None
     assert r.cache.apply_put(tid, 2, envelope(tid, later, statusMessage="changed")) is None
     assert r.rejected == [Rejected.TERMINAL_CHANGE]
-    assert r.cache.get(tid) is first and r.changes == [first]
+    assert r.cache.get(tid) == first and r.changes == [first]
 
 
 def test_terminal_rewritten_unchanged_is_not_reported() -> None:
@@ -243,7 +244,7 @@ def test_fuzzed_values_never_crash_nor_change_a_terminal_task(data: bytes) -> No
     tid = new_task_id()
     done = r.cache.apply_put(tid, 1, envelope(tid, "completed"))
     r.cache.apply_put(tid, 2, data)
-    assert r.cache.get(tid) is done
+    assert r.cache.get(tid) == done
     other = new_task_id()
     r.cache.apply_put(other, 3, data)  # whatever it is, it is handled
 
@@ -266,10 +267,43 @@ def test_a_task_updated_many_times_costs_one_expiry_entry() -> None:
     assert r.cache.sweep() == 1 and r.removed == [tid]
 
 
-def test_owners_and_servers_are_held_once_for_all_their_tasks() -> None:
+def test_a_cached_task_costs_well_under_twice_its_json() -> None:
+    """One bytes object per task beside its id (docs/scaling.md): a task's JSON and about
+    160 bytes; eight objects per task cost about 2.7 times the JSON. The task is the
+    bench's (`python -m bench --scenario cold_start`): about 230 bytes of JSON."""
     r = Recorder()
-    first, second = new_task_id(), new_task_id()
-    a = r.cache.apply_put(first, 1, envelope(first, owner="alice", server="srv-7"))
-    b = r.cache.apply_put(second, 2, envelope(second, owner="alice", server="srv-7"))
+    ids = [new_task_id() for _ in range(5000)]
+    values = [
+        envelope(
+            tid,
+            owner="bench",
+            server="srv-7",
+            created_at="2026-12-02T01:00:00.000000Z",
+            ttl_ms=3_600_000,
+            pollIntervalMs=5000,
+            statusMessage="2026-12-02T01:00:00.000000Z",
+        )
+        for tid in ids
+    ]
+    tracemalloc.start()
+    before, _ = tracemalloc.get_traced_memory()
+    for revision, (tid, value) in enumerate(zip(ids, values, strict=True), start=1):
+        r.cache.apply_put(tid, 1_000_000 + revision, value)
+    r.changes.clear()
+    after, _ = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    json_bytes = len(r.cache.get(ids[0]).body)  # type: ignore[union-attr]
+    ids_bytes = sum(map(sys.getsizeof, ids))  # allocated before: the key the cache holds
+    per_task = (after - before + ids_bytes) / len(ids)
+    assert per_task < 1.7 * json_bytes, (per_task, json_bytes)  # ~1.57×; eight objects: 2.6×
+    a, b = r.cache.get(ids[0]), r.cache.get(ids[1])
     assert a is not None and b is not None
-    assert a.owner is b.owner and a.server is b.server
+    assert (
+        (a.owner, a.server, a.poll_interval_ms)
+        == ("bench", "srv-7", 5000)
+        == (
+            b.owner,
+            b.server,
+            b.poll_interval_ms,
+        )
+    )
