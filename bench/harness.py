@@ -175,6 +175,7 @@ class Harness:
         max_streams: int,
         wait: bool = True,
         upstreams: Sequence[str] = (),
+        checkpoint: Path | None = None,
     ) -> Server:
         """`taskhub serve`; each of `upstreams` (`[NAME=]URL`) becomes an `--upstream`."""
 
@@ -189,6 +190,7 @@ class Harness:
                 "--poll-burst", "0",  # poll pacing off: the bench polls one task many times
                 "--log-level", "warning",
                 *(arg for upstream in upstreams for arg in ("--upstream", upstream)),
+                *(("--checkpoint", str(checkpoint)) if checkpoint is not None else ()),
             ]  # fmt: skip
 
         return await self._start_server("hub", args, wait)
@@ -281,8 +283,8 @@ class Harness:
             await asyncio.sleep(0.005)
         raise HarnessError(f"{server.name} not ready in {timeout}s:\n{server.child.log_tail()}")
 
-    async def stop(self, server: Server) -> None:
-        await server.child.stop()
+    async def stop(self, server: Server, grace: float = 10.0) -> None:
+        await server.child.stop(grace)
         if server in self.servers:
             self.servers.remove(server)
 

@@ -32,8 +32,10 @@ work is the figure that sharing disturbs least.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from bench.control import Params, Worker
@@ -385,36 +387,64 @@ async def push_vs_poll(h: Harness, s: Sizes, repeat: int) -> Metrics:
 
 
 async def cold_start(h: Harness, s: Sizes, repeat: int) -> Metrics:
+    """Start to ready: from the bucket alone, then restarted from a checkpoint (after a
+    hundredth of the tasks changed while no hub ran)."""
     bucket = await h.bucket(bucket_name("cold"))
     writer = await h.writer(bucket)
     populated = await writer.call("populate", 1200, count=s.cold_tasks, in_flight=1000)
-    await h.close_worker(writer)
     h.log(f"cold_start: {s.cold_tasks} tasks written in {populated['seconds']:.1f} s")
     # An empty hub's RSS, so what the snapshot costs per task is what it adds.
     empty = await h.start_hub(await h.bucket(bucket_name("cold-empty")), max_streams=100)
     idle_rss = empty.child.rss_bytes()
     await h.stop(empty)
-    runs: list[Metrics] = []
-    for rep in range(repeat):
-        hub = await h.start_hub(bucket, max_streams=100, wait=False)
-        recording = await h.record(hub, "cold-start", 2 + s.cold_tasks / 20_000)
+
+    async def started(label: str, saved: Path | None) -> tuple[Server, Metrics]:
+        hub = await h.start_hub(bucket, max_streams=100, wait=False, checkpoint=saved)
+        recording = await h.record(hub, label, 2 + s.cold_tasks / 20_000)
         await h.wait_ready(hub, timeout=600)
         rss = hub.child.rss_bytes()
-        run: Metrics = {
-            "tasks": s.cold_tasks,
+        await h.report_profile(recording)
+        return hub, {
             "seconds": hub.ready_at - hub.spawned_at,
             "listening_seconds": hub.listening_at - hub.spawned_at,
             "load_seconds": hub.ready_at - hub.listening_at,
-            "populate_per_s": s.cold_tasks / populated["seconds"],
             "rss_mb": rss / 1e6,
             "rss_per_task": (rss - idle_rss) / s.cold_tasks,
-            "json_bytes": populated["json_bytes"],
         }
-        await h.report_profile(recording)
+
+    runs: list[Metrics] = []
+    for rep in range(repeat):
+        hub, run = await started("cold-start", None)
         await h.stop(hub)
         h.log(f"cold_start #{rep + 1}: ready in {run['seconds']:.2f} s")
         runs.append(run)
-    return medians(runs)
+    result = medians(runs)
+    # The first hub with --checkpoint reads the bucket; its stop writes the file.
+    saved = h.root / "cold-checkpoint"
+    hub, _ = await started("cold-first-checkpoint", saved)
+    stopping = time.perf_counter()
+    await h.stop(hub, grace=120)
+    stop_seconds = time.perf_counter() - stopping
+    restarts: list[Metrics] = []
+    for rep in range(repeat):
+        await writer.call("populate", 600, count=max(1, s.cold_tasks // 100), in_flight=1000)
+        hub, run = await started("restart", saved)
+        await h.stop(hub, grace=120)
+        h.log(f"cold_start restart #{rep + 1}: ready in {run['seconds']:.2f} s")
+        restarts.append(run)
+    await h.close_worker(writer)
+    restart = medians(restarts)
+    result.update({f"restart_{name}": value for name, value in restart.items()})
+    result.update(
+        {
+            "tasks": s.cold_tasks,
+            "populate_per_s": s.cold_tasks / populated["seconds"],
+            "json_bytes": populated["json_bytes"],
+            "checkpoint_mb": saved.stat().st_size / 1e6,
+            "checkpoint_stop_seconds": stop_seconds,
+        }
+    )
+    return result
 
 
 async def _burst(writer: Worker, nats_pid: int | None, s: Sizes) -> Metrics:

@@ -38,6 +38,8 @@ class Config:
     bucket: str = DEFAULT_BUCKET
     replicas: int = 1
     data_dir: Path = Path(".taskhub")
+    # The snapshot kept here across restarts (hub/checkpoint.py); None = read the bucket.
+    checkpoint: Path | None = None
     # Embedded NATS: JetStream's sync_interval ("always" = fsync before every ack).
     nats_sync: str = SYNC_ALWAYS
     # An external NATS server's monitoring endpoint, whose /varz shows its sync policy.
@@ -279,6 +281,12 @@ _OPTIONS: list[tuple[str, Callable[[str], Any], str]] = [
     ("replicas", _positive_int, "replicas for the bucket and control stream when created"),
     ("data-dir", Path, "embedded NATS: store, log and URL file under <dir>/nats"),
     (
+        "checkpoint",
+        Path,
+        "file the snapshot is saved to at shutdown and read from at start, so a restart "
+        "reads from NATS only what changed meanwhile",
+    ),
+    (
         "nats-sync",
         _sync,
         "embedded NATS: JetStream sync_interval, `always` (fsync before every ack) or a "
@@ -444,6 +452,11 @@ def config_from_namespace(ns: argparse.Namespace, parser: argparse.ArgumentParse
             normalize_origin(config.public_url)
         except ValueError as exc:
             parser.error(f"--public-url: {exc}")
+    if config.checkpoint is not None:
+        if config.checkpoint.is_dir():
+            parser.error(f"--checkpoint: {config.checkpoint} is a directory, not a file")
+        if not config.checkpoint.absolute().parent.is_dir():
+            parser.error(f"--checkpoint: directory {config.checkpoint.parent} does not exist")
     if (config.jwt_issuer or config.jwt_audience) and not config.auth_enabled:
         parser.error("--jwt-issuer/--jwt-audience need --jwt-secret or --jwt-public-key-file")
     if not config.is_loopback and not config.auth_enabled and not config.insecure_no_auth:

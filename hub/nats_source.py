@@ -20,8 +20,10 @@ import asyncio
 import contextlib
 import json
 import logging
+import time
 import urllib.request
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import nats
@@ -39,6 +41,7 @@ from bridge.wire import (
     kv_stream,
     kv_subject,
 )
+from hub import checkpoint
 from hub.cache import TaskCache, TaskSnapshot
 from hub.metrics import Metrics
 
@@ -92,6 +95,11 @@ def _sequence_and_pending(msg: Msg) -> tuple[int, int]:
     return meta.sequence.stream, meta.num_pending
 
 
+def _created(info: api.StreamInfo) -> str:
+    """The stream's creation time: a bucket deleted and made anew has another."""
+    return info.created.isoformat() if info.created is not None else ""
+
+
 class NatsSource:
     def __init__(
         self,
@@ -104,7 +112,9 @@ class NatsSource:
         request_timeout: float = 2.0,
         nats_options: dict[str, Any] | None = None,
         monitor_url: str | None = None,
+        checkpoint_path: Path | None = None,
     ) -> None:
+        self.checkpoint_path = checkpoint_path
         self.nats_options = nats_options or {}
         self.monitor_url = monitor_url  # NATS monitoring, for the sync policy
         self.nats_url = nats_url
@@ -121,6 +131,7 @@ class NatsSource:
         self._catch_up_seq = 0  # stream sequence the cache must reach to be current
         self._applied_seq = 0  # highest stream sequence applied from the watch
         self._seen_seq = 0  # highest stream sequence any store answer showed
+        self._stream_created = ""  # the bucket stream's creation time, as of the last watch
         self._catch_up_task: asyncio.Task[None] | None = None
         self._closing = False
         self._rewatch_task: asyncio.Task[None] | None = None
@@ -147,6 +158,8 @@ class NatsSource:
         await ensure_bucket(self.js, self.bucket, self.replicas)
         await ensure_control_stream(self.js, self.replicas)
         await self._report_durability()
+        if self.checkpoint_path is not None:
+            await self._restore(self.checkpoint_path)
         await self._watch()
         self._check_task = asyncio.create_task(self._check_watch())
 
@@ -185,6 +198,63 @@ class NatsSource:
             )
         else:
             log.info("%s", line)
+
+    async def _restore(self, path: Path) -> None:
+        """Fill the cache from a checkpoint of this stream, so the watch resumes after it."""
+        info = await self.js.stream_info(self.stream)
+        started = time.perf_counter()
+        saved = checkpoint.read(
+            path,
+            bucket=self.bucket,
+            stream_created=_created(info),
+            last_seq=info.state.last_seq,
+        )
+        if saved is None:
+            return
+        try:
+            held = self.cache.restore(saved.task_ids, saved.packed)
+        except ValueError as exc:
+            checkpoint.set_aside(path, f"holds a value that is not a task ({exc})")
+            return
+        self._applied_seq = self._seen_seq = saved.seq
+        log.info(
+            "checkpoint: %d tasks as of stream sequence %d read in %.2f s (%d expired since); "
+            "reading the %d messages after it",
+            held,
+            saved.seq,
+            time.perf_counter() - started,
+            len(saved.task_ids) - held,
+            info.state.last_seq - saved.seq,
+        )
+
+    def save_checkpoint(self) -> None:
+        """Write the cache and the sequence it is complete up to (at shutdown, after the
+        watch has stopped: nothing changes it while it is written)."""
+        path = self.checkpoint_path
+        if path is None or not self._stream_created:
+            return
+        started = time.perf_counter()
+        task_ids, packed = self.cache.packed()
+        try:
+            size = checkpoint.write(
+                path,
+                bucket=self.bucket,
+                stream_created=self._stream_created,
+                seq=self._applied_seq,
+                task_ids=task_ids,
+                packed=packed,
+            )
+        except OSError as exc:
+            log.warning("checkpoint %s not written: %s", path, exc)
+            return
+        log.info(
+            "checkpoint: %d tasks as of stream sequence %d written to %s (%.1f MB, %.2f s)",
+            len(self.cache),
+            self._applied_seq,
+            path,
+            size / 1e6,
+            time.perf_counter() - started,
+        )
 
     async def _check_watch(self) -> None:
         """Re-make a watch that stopped delivering while the connection lived.
@@ -227,6 +297,7 @@ class NatsSource:
     async def _watch(self) -> None:
         """Start (or resume) the watch and the catch-up check that gates readiness."""
         info = await self.js.stream_info(self.stream)
+        self._stream_created = _created(info)
         last_seq = info.state.last_seq if info.state.messages else 0
         if self._applied_seq and info.state.last_seq >= self._applied_seq:
             # Resume: with history 1, what is still stored from here on is the latest
@@ -397,6 +468,7 @@ class NatsSource:
             except Exception as exc:
                 log.warning("NATS drain failed: %s", exc)
         self.metrics.ready.set(0)
+        self.save_checkpoint()
 
     async def _discard(self, sub: Any) -> None:
         """Unsubscribe a watch now; delete its consumer in the background, since its node

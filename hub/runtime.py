@@ -48,6 +48,7 @@ class Hub:
             replicas=config.replicas,
             nats_options=config.nats_options(),
             monitor_url=config.nats_monitor_url,
+            checkpoint_path=config.checkpoint,
         )
         self.fleet = FleetView(self.cache, config.silent_after)
         self._fleet_frames = (b"", b"")  # the latest `fleet` event: without, with servers

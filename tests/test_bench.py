@@ -36,7 +36,16 @@ REQUIRED = {
         "staleness_poll_ms",
         "staleness_push_ms",
     ),
-    "cold_start": ("tasks", "seconds", "rss_mb", "rss_per_task", "json_bytes"),
+    "cold_start": (
+        "tasks",
+        "seconds",
+        "rss_mb",
+        "rss_per_task",
+        "json_bytes",
+        "restart_seconds",
+        "restart_rss_per_task",
+        "checkpoint_mb",
+    ),
     "writes": ("updates_per_s", "always_updates_per_s", "always_nats_cpu_cores"),
     "front_door": tuple(
         f"{call.key}_{key}"
