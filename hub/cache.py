@@ -36,6 +36,9 @@ from hub.jsonrpc import line_safe
 # A deleted key remembers its delete revision this long, so a slower read-through of
 # an older value cannot bring the task back.
 TOMBSTONE_SECONDS = 120.0
+# Snapshots made for readers are kept for the next read of the same revision, up to this
+# many (then all are let go at once): a polled task is unpacked once per revision.
+RECENT_SNAPSHOTS = 4096
 
 # A packed task: revision, expires_at (NaN: unlimited), pollIntervalMs (-1: none), status
 # (an index into STATUSES), the lengths of owner and server; then owner, server and body.
@@ -108,6 +111,7 @@ class TaskCache:
         clock: Callable[[], float] = time.time,
     ) -> None:
         self._tasks: dict[str, bytes] = {}  # task id → pack(snapshot)
+        self._recent: dict[str, TaskSnapshot] = {}  # unpacked for a reader, still current
         self._tombstones: dict[str, tuple[int, float]] = {}
         # Expiry: task ids by the whole second they expire by, and a heap of those seconds.
         # One entry per task and distinct expiry (not per revision): a few bytes each.
@@ -125,11 +129,24 @@ class TaskCache:
 
     def get(self, task_id: str) -> TaskSnapshot | None:
         """The current snapshot, or None when unknown or past its TTL."""
-        packed = self._tasks.get(task_id)
-        if packed is None:
+        snapshot = self._current(task_id)
+        if snapshot is None or snapshot.expired(self._clock()):
             return None
-        snapshot = unpack(task_id, packed)
-        return None if snapshot.expired(self._clock()) else snapshot
+        return snapshot
+
+    def _current(self, task_id: str) -> TaskSnapshot | None:
+        """The snapshot held for `task_id`, expired or not."""
+        recent = self._recent
+        snapshot = recent.get(task_id)
+        if snapshot is None:
+            packed = self._tasks.get(task_id)
+            if packed is None:
+                return None
+            snapshot = unpack(task_id, packed)
+            if len(recent) >= RECENT_SNAPSHOTS:
+                recent.clear()
+            recent[task_id] = snapshot
+        return snapshot
 
     def server_counts(self) -> dict[str, tuple[int, int]]:
         """Per server id: its tasks held, and how many of them are not terminal."""
@@ -215,8 +232,7 @@ class TaskCache:
         if tombstone is not None and revision <= tombstone[0]:
             self._reject(Rejected.STALE)
             return None
-        held = self._tasks.get(key)
-        current = None if held is None else unpack(key, held)
+        current = self._current(key)
         body = line_safe(encode(task))
         if current is not None:
             if revision == current.revision:
@@ -245,6 +261,7 @@ class TaskCache:
             poll_interval_ms=poll if isinstance(poll, int) else None,
         )
         self._tasks[key] = pack(snapshot)
+        self._recent.pop(key, None)
         if current is not None:
             self._count(current, -1)
         self._count(snapshot, 1)
@@ -255,8 +272,7 @@ class TaskCache:
 
     def apply_delete(self, key: str, revision: int) -> bool:
         """A KV delete, purge or expiry marker; returns True if a task was removed."""
-        held = self._tasks.get(key)
-        current = None if held is None else unpack(key, held)
+        current = self._current(key)
         if current is not None and revision < current.revision:
             self._reject(Rejected.STALE)
             return False
@@ -269,6 +285,7 @@ class TaskCache:
     def reset(self) -> None:
         """Forget everything (the bucket was recreated); listeners hear of each removal."""
         removed, self._tasks = self._tasks, {}
+        self._recent.clear()
         self._tombstones.clear()
         self._expiring.clear()
         self._expiry_seconds.clear()
@@ -305,6 +322,7 @@ class TaskCache:
 
     def _drop(self, snapshot: TaskSnapshot) -> None:
         del self._tasks[snapshot.task_id]
+        self._recent.pop(snapshot.task_id, None)
         self._count(snapshot, -1)
         self._on_remove(snapshot)
 

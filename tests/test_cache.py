@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hub.cache import Rejected, TaskCache, TaskSnapshot
+from hub.cache import RECENT_SNAPSHOTS, Rejected, TaskCache, TaskSnapshot
 from tests.helpers import envelope, new_task_id
 
 STATUSES = ["working", "input_required", "completed", "failed", "cancelled"]
@@ -307,3 +307,21 @@ def test_a_cached_task_costs_well_under_twice_its_json() -> None:
             b.poll_interval_ms,
         )
     )
+
+
+def test_a_read_snapshot_is_let_go_when_its_task_changes_or_goes() -> None:
+    r = Recorder()
+    tid = new_task_id()
+    r.cache.apply_put(tid, 1, envelope(tid, statusMessage="one"))
+    first = r.cache.get(tid)
+    assert first is not None and r.cache.get(tid) is first  # unpacked once, then kept
+    r.cache.apply_put(tid, 2, envelope(tid, statusMessage="two"))
+    second = r.cache.get(tid)
+    assert second is not None and second.revision == 2 and b'"two"' in second.body
+    r.cache.apply_delete(tid, 3)
+    assert r.cache.get(tid) is None
+    # More tasks read than are kept: every read still answers its own task.
+    ids = [new_task_id() for _ in range(RECENT_SNAPSHOTS + 10)]
+    for revision, other in enumerate(ids, start=10):
+        r.cache.apply_put(other, revision, envelope(other))
+    assert all(r.cache.get(other).task_id == other for other in ids)  # type: ignore[union-attr]
