@@ -18,7 +18,7 @@ import math
 import struct
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from enum import Enum
 
 import msgspec
@@ -38,7 +38,7 @@ from hub.jsonrpc import line_safe
 TOMBSTONE_SECONDS = 120.0
 # Snapshots made for readers are kept for the next read of the same revision, up to this
 # many (then all are let go at once): a polled task is unpacked once per revision.
-RECENT_SNAPSHOTS = 4096
+RECENT_SNAPSHOTS = 16_384  # at most ~8 MB of snapshots
 
 # A packed task: revision, expires_at (NaN: unlimited), pollIntervalMs (-1: none), status
 # (an index into STATUSES), the lengths of owner and server; then owner, server and body.
@@ -153,10 +153,16 @@ class TaskCache:
         return {server: (tasks, active) for server, (tasks, active) in self._servers.items()}
 
     def live(self) -> list[TaskSnapshot]:
-        """Every task not past its TTL (a scan: an operator stream's first states)."""
+        """Every task not past its TTL (a scan: an operator stream's first states). When
+        they all fit, the snapshots are kept as a get keeps them, for the next stream."""
         now = self._clock()
-        snapshots = (unpack(task_id, packed) for task_id, packed in self._tasks.items())
-        return [s for s in snapshots if not s.expired(now)]
+        snapshots: Iterable[TaskSnapshot | None]
+        if len(self._tasks) <= RECENT_SNAPSHOTS:
+            recent, current = self._recent, self._current
+            snapshots = [recent.get(task_id) or current(task_id) for task_id in list(self._tasks)]
+        else:
+            snapshots = (unpack(task_id, packed) for task_id, packed in self._tasks.items())
+        return [s for s in snapshots if s is not None and not s.expired(now)]
 
     def owned_by(self, owner: str) -> list[TaskSnapshot]:
         """Every live task of `owner` (a scan: the legacy `tasks/list` is its one user)."""
