@@ -46,7 +46,6 @@ RECENT_SNAPSHOTS = 16_384  # at most ~8 MB of snapshots
 # The body leaves out its opening `{"taskId":"<the key>",` (the id is the dict's key
 # already) when it has one: status then carries _ID_LEFT_OUT. LAYOUT names all this in a
 # checkpoint (hub/checkpoint.py): a change here is a new LAYOUT.
-LAYOUT = "packed-2 <QdqBHH"
 PACKED = struct.Struct("<QdqBHH")
 _ID_LEFT_OUT = 0x80
 _ID_OPEN, _ID_CLOSE = b'{"taskId":"', b'",'
@@ -54,6 +53,7 @@ _LONG = struct.Struct("<II")
 _LONG_MARK = 0xFFFF
 _EXPIRY = struct.Struct("<d")  # expires_at alone, at offset 8
 STATUSES = ("working", "input_required", "completed", "failed", "cancelled")
+LAYOUT = f"packed-2 {PACKED.format} {','.join(STATUSES)}"
 _STATUS_INDEX = {status: index for index, status in enumerate(STATUSES)}
 _NO_EXPIRY = math.nan
 
@@ -134,8 +134,9 @@ class TaskCache:
             return None
         return snapshot
 
-    def _current(self, task_id: str) -> TaskSnapshot | None:
-        """The snapshot held for `task_id`, expired or not."""
+    def _current(self, task_id: str, *, keep: bool = True) -> TaskSnapshot | None:
+        """The snapshot held for `task_id`, expired or not; kept for the next read unless
+        the caller is about to replace it (`keep=False`)."""
         recent = self._recent
         snapshot = recent.get(task_id)
         if snapshot is None:
@@ -143,9 +144,10 @@ class TaskCache:
             if packed is None:
                 return None
             snapshot = unpack(task_id, packed)
-            if len(recent) >= RECENT_SNAPSHOTS:
-                recent.clear()
-            recent[task_id] = snapshot
+            if keep:
+                if len(recent) >= RECENT_SNAPSHOTS:
+                    recent.clear()
+                recent[task_id] = snapshot
         return snapshot
 
     def server_counts(self) -> dict[str, tuple[int, int]]:
@@ -158,8 +160,7 @@ class TaskCache:
         now = self._clock()
         snapshots: Iterable[TaskSnapshot | None]
         if len(self._tasks) <= RECENT_SNAPSHOTS:
-            recent, current = self._recent, self._current
-            snapshots = [recent.get(task_id) or current(task_id) for task_id in list(self._tasks)]
+            snapshots = list(map(self._current, list(self._tasks)))
         else:
             snapshots = (unpack(task_id, packed) for task_id, packed in self._tasks.items())
         return [s for s in snapshots if s is not None and not s.expired(now)]
@@ -238,7 +239,7 @@ class TaskCache:
         if tombstone is not None and revision <= tombstone[0]:
             self._reject(Rejected.STALE)
             return None
-        current = self._current(key)
+        current = self._current(key, keep=False)
         body = line_safe(encode(task))
         if current is not None:
             if revision == current.revision:
@@ -278,7 +279,7 @@ class TaskCache:
 
     def apply_delete(self, key: str, revision: int) -> bool:
         """A KV delete, purge or expiry marker; returns True if a task was removed."""
-        current = self._current(key)
+        current = self._current(key, keep=False)
         if current is not None and revision < current.revision:
             self._reject(Rejected.STALE)
             return False

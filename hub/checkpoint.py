@@ -29,14 +29,12 @@ from pathlib import Path
 
 import msgspec
 
-from hub.cache import LAYOUT, STATUSES
+from hub.cache import LAYOUT  # the cache's packed layout: values in another are not read
 
 log = logging.getLogger("taskhub.checkpoint")
 
 MAGIC = b"taskhub checkpoint 2\n"  # the format's version is part of it
 _CRC = struct.Struct(">I")
-# The cache's packed layout the values were written in: another is another format.
-LAYOUT = f"{LAYOUT} {','.join(STATUSES)}"
 
 
 class _File(msgspec.Struct, array_like=True):
