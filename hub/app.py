@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 
 from starlette.applications import Starlette
 from starlette.requests import Request as HttpRequest
@@ -50,7 +50,7 @@ class HubApp:
             await self.rest(scope, receive, send)
 
     def answer_now(
-        self, path: str, headers: dict[str, str], body: bytes
+        self, path: str, headers: Mapping[str, str], body: bytes
     ) -> Reply | ListenStream | None:
         """For the hub's connections (hub/connection.py): a whole `POST` request, its
         headers by lower-case name, answered without an ASGI task when it needs no I/O

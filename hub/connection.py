@@ -33,9 +33,10 @@ Everything uvicorn-private lives in hub/uvicorn_internals.py; this module only u
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
+import msgspec
 from starlette.types import Scope
 
 from hub import fast_lane
@@ -63,9 +64,17 @@ class Detachable(Protocol):
     def run_on(self, transport: asyncio.Transport, default_headers: RawHeaders) -> None: ...
 
 
-# The app's `answer_now(path, headers, body)` for a whole POST: (status, body, headers,
-# ...), a `Detachable`, or None to decline.
-AnswerNow = Callable[[str, dict[str, str], bytes], "tuple[Any, ...] | Detachable | None"]
+class WholeResponse(msgspec.Struct, frozen=True, gc=False):
+    """A response to write at once (a Struct: one is built for every request)."""
+
+    status: int
+    body: bytes
+    headers: RawHeaders
+
+
+# The app's `answer_now(path, headers, body)` for a whole POST: a response, a
+# `Detachable`, or None to decline.
+AnswerNow = Callable[[str, Mapping[str, str], bytes], "WholeResponse | Detachable | None"]
 
 
 class DirectChannel:
@@ -152,6 +161,7 @@ def hub_protocol(header_timeout: float, answer_now: AnswerNow | None = None) -> 
     """An httptools protocol with header deadlines, direct writes and, given the app's
     `answer_now`, answers in place."""
     period = min(1.0, header_timeout / 4)
+    heads = fast_lane.Heads()  # one per server: what its clients' heads parse to
 
     class HubProtocol(uv.Protocol):
         # One sweep over this server's connections instead of two timers per request.
@@ -168,19 +178,20 @@ def hub_protocol(header_timeout: float, answer_now: AnswerNow | None = None) -> 
         def answer_whole(self, data: bytes) -> bool:
             if answer_now is None:
                 return False
-            request = fast_lane.parse(data)
+            request = heads.parse(data)
             if request is None or self.over_concurrency_limit():
                 return False
+            head, body = request
             try:
-                reply = answer_now(request.path, request.headers, request.body)
+                reply = answer_now(head.path, head.headers, body)
             except Exception:
                 self.logger.exception("answering in place failed; the app answers instead")
                 return False
             if reply is None:
                 return False
             self.waiting_since = None  # the head is in: as `head_complete`
-            if isinstance(reply, tuple):
-                self.respond_at_rest(reply[0], reply[2], reply[1])
+            if isinstance(reply, WholeResponse):
+                self.respond_at_rest(reply.status, reply.headers, reply.body)
             else:
                 self.detach(reply)
             return True

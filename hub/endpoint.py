@@ -23,12 +23,20 @@ from starlette.types import Message, Receive, Scope, Send
 
 from hub import handlers, jsonrpc
 from hub.auth import AuthError, Identity, credentials_from
-from hub.connection import connection_of
+from hub.connection import WholeResponse, connection_of
 from hub.cors import is_preflight, preflight_headers
 from hub.cors import response_headers as cors_response_headers
 from hub.headers import header_map
 from hub.metrics import Metrics
-from hub.protocol import METHODS, Forward, Notification, Request, RequestError, parse_request
+from hub.protocol import (
+    METHODS,
+    Forward,
+    Notification,
+    Request,
+    RequestError,
+    parse_request,
+    plain_tasks_get,
+)
 from hub.runtime import Hub
 from hub.sse import ListenStream
 from hub.upstream import Upstream, UpstreamError
@@ -41,12 +49,9 @@ JSON = (b"content-type", b"application/json")
 RawHeaders = list[tuple[bytes, bytes]]
 
 
-class Reply(NamedTuple):
+class Reply(WholeResponse, frozen=True, gc=False):
     """A finished answer, with the outcome and method labels for the request metric."""
 
-    status: int
-    body: bytes
-    headers: RawHeaders
     outcome: str
     method: str = "-"
 
@@ -174,6 +179,11 @@ class McpEndpoint:
             return identity
         if len(body) > self.config.max_body_bytes:
             return _body_refused(_too_large(self.config.max_body_bytes), cors)
+        plain = plain_tasks_get(headers, body)
+        if plain is not None:  # a poll: the common case, read in one pass
+            reply = self._get_now(*plain, identity, cors)
+            if reply is not None:
+                return reply
         request = self._parse(headers, body, cors)
         if isinstance(request, Reply):
             return request
@@ -251,11 +261,23 @@ class McpEndpoint:
         if request.method == "server/discover" and self.upstream is None:
             return handlers.discover(request)
         if request.method == "tasks/get":
-            return handlers.tasks_get_cached(self.hub, request, identity.principal)
+            assert request.task_id is not None
+            return handlers.tasks_get_cached(
+                self.hub, request.id, request.task_id, identity.principal
+            )
         if request.method == "subscriptions/listen":
             service = None if self.upstream is None else self.upstream.spec.label
             return handlers.subscriptions_listen_cached(self.hub, request, identity, service)
         return None
+
+    def _get_now(
+        self, request_id: jsonrpc.RequestId, task_id: str, identity: Identity, cors: RawHeaders
+    ) -> Reply | None:
+        try:
+            answer = handlers.tasks_get_cached(self.hub, request_id, task_id, identity.principal)
+        except jsonrpc.RpcError as err:
+            return _error(request_id, err, cors, "tasks/get")
+        return None if answer is None else Reply(200, answer, [JSON, *cors], "ok", "tasks/get")
 
     def _cors(self, origin: str) -> RawHeaders:
         return _encode_headers(cors_response_headers(origin, self.cors_origins))

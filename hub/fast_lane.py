@@ -13,10 +13,16 @@ Declined: another method or HTTP version, a target with a query or percent-escap
 any byte outside a header name's token or a value's visible characters, a folded line,
 `Transfer-Encoding`, `Expect`, `Upgrade`, a `Connection` other than keep-alive, no or a
 repeated `Content-Length`, and a read holding less or more than exactly one request.
+
+`Heads` remembers what recent heads parsed to, by their bytes. A client polling a task
+sends the same head each time (only the body's request id changes), so reading it again
+would be most of the cost of a cached `tasks/get`; a head's parse depends on nothing but
+its bytes, so the remembered one is the one `parse` would give.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import NamedTuple
 
 # What a target and a header name may hold. The whole head must be `str.isprintable`
@@ -27,12 +33,20 @@ _TOKEN_CHARS = "!#$%&'*+.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMN
 # Headers after which uvicorn's parser does more than read a request: decline.
 _DECLINED = frozenset({"transfer-encoding", "expect", "upgrade"})
 MAX_HEAD = 16 * 1024
+# `Heads` keeps two generations of at most this many bytes of heads each, and only heads
+# of up to MEMO_HEAD bytes (one with a bearer token fits): a few MB in the worst case.
+MEMO_BYTES = 1 << 20
+MEMO_HEAD = 4096
 
 
-class WholeRequest(NamedTuple):
+class Head(NamedTuple):
     path: str
-    headers: dict[str, str]  # lower-case names
-    body: bytes
+    headers: Mapping[str, str]  # lower-case names; shared by requests with the same head
+    length: int  # the body's Content-Length
+
+
+# A whole request: its head, and its body (a plain pair: built for every request).
+WholeRequest = tuple[Head, bytes]
 
 
 def parse(data: bytes) -> WholeRequest | None:
@@ -42,7 +56,65 @@ def parse(data: bytes) -> WholeRequest | None:
     head_end = data.find(b"\r\n\r\n", 0, MAX_HEAD) + 4
     if head_end < 4:
         return None
-    head = data[:head_end].decode("latin-1")
+    head = _read_head(data[:head_end])
+    if head is None or len(data) != head_end + head.length:
+        return None
+    return head, data[head_end:]
+
+
+class Heads:
+    """`parse`, remembering what recent heads parsed to (declined ones too).
+
+    Two generations, so a working set just over one generation's size does not miss on
+    every read: a head found in the older one moves to the newer; when the newer fills,
+    it becomes the older and the oldest are forgotten.
+    """
+
+    def __init__(self, memo_bytes: int = MEMO_BYTES) -> None:
+        self.memo_bytes = memo_bytes
+        self._new: dict[bytes, Head | None] = {}
+        self._old: dict[bytes, Head | None] = {}
+        self._new_bytes = 0
+
+    def __len__(self) -> int:
+        """How many heads are remembered."""
+        return len(self._new) + len(self._old)
+
+    def parse(self, data: bytes) -> WholeRequest | None:
+        """As `parse(data)`."""
+        if not data.startswith(b"POST /"):
+            return None
+        head_end = data.find(b"\r\n\r\n", 0, MAX_HEAD) + 4
+        if head_end < 4:
+            return None
+        key = data[:head_end]
+        try:
+            head = self._new[key]
+        except KeyError:
+            head = self._remember(key)
+        if head is None or len(data) != head_end + head.length:
+            return None
+        return head, data[head_end:]
+
+    def _remember(self, key: bytes) -> Head | None:
+        head = self._old.pop(key, _UNKNOWN)
+        if head is _UNKNOWN:
+            head = _read_head(key)
+            if len(key) > MEMO_HEAD:
+                return head
+        if self._new_bytes + len(key) > self.memo_bytes:
+            self._old, self._new, self._new_bytes = self._new, {}, 0
+        self._new[key] = head
+        self._new_bytes += len(key)
+        return head
+
+
+_UNKNOWN = Head("", {}, -1)  # a marker, never a parse
+
+
+def _read_head(data: bytes) -> Head | None:
+    """The path, headers and body length of a head that ends in its blank line."""
+    head = data.decode("latin-1")
     if not head[:-4].replace("\r\n", "").isprintable():
         return None  # a control character somewhere, or a bare CR or LF
     lines = head.split("\r\n")
@@ -66,6 +138,4 @@ def parse(data: bytes) -> WholeRequest | None:
         return None
     if connection is not None and connection.lower() != "keep-alive":
         return None
-    if len(data) != head_end + int(length):
-        return None
-    return WholeRequest(target, headers, data[head_end:])
+    return Head(target, headers, int(length))

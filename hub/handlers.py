@@ -103,24 +103,25 @@ async def tasks_get(hub: Hub, request: Request, principal: str) -> bytes:
     _pace_poll(hub, principal, request.task_id, snapshot)
     if snapshot is None:
         raise jsonrpc.task_not_found()
-    return _get_result(request, snapshot)
+    return _get_result(request.id, snapshot)
 
 
-def tasks_get_cached(hub: Hub, request: Request, principal: str) -> bytes | None:
+def tasks_get_cached(
+    hub: Hub, request_id: jsonrpc.RequestId, task_id: str, principal: str
+) -> bytes | None:
     """`tasks/get` of the caller's own cached task, answered in place; None (nothing
     done) for every other case, which `tasks_get` answers with its store read."""
-    assert request.task_id is not None
-    snapshot = hub.cache.get(request.task_id)
+    snapshot = hub.cache.get(task_id)
     if snapshot is None or snapshot.owner != principal:
         return None
-    _pace_poll(hub, principal, request.task_id, snapshot)
-    return _get_result(request, snapshot)
+    _pace_poll(hub, principal, task_id, snapshot)
+    return _get_result(request_id, snapshot)
 
 
-def _get_result(request: Request, snapshot: TaskSnapshot) -> bytes:
+def _get_result(request_id: jsonrpc.RequestId, snapshot: TaskSnapshot) -> bytes:
     return (
         b'{"jsonrpc":"2.0","id":'
-        + jsonrpc.encode_id(request.id)
+        + jsonrpc.encode_id(request_id)
         + _GET_RESULT_HEAD
         + snapshot.body[1:]  # the task's closing brace closes the result
         + b"}"

@@ -95,7 +95,7 @@ def respond(cycle: Cycle, status: int, headers: RawHeaders, body: bytes) -> None
     cycle.waiting_for_100_continue = False
     head_only = cycle.scope["method"] == "HEAD"
     data, cycle.keep_alive = _response(
-        cycle.default_headers, status, headers, body, cycle.keep_alive, head_only
+        HeaderBlock(cycle.default_headers), status, headers, body, cycle.keep_alive, head_only
     )
     cycle.transport.write(data)
     cycle.response_complete = True
@@ -105,8 +105,27 @@ def respond(cycle: Cycle, status: int, headers: RawHeaders, body: bytes) -> None
     cycle.on_response()
 
 
+class HeaderBlock:
+    """Header lines encoded once, and whether they say `connection: close`."""
+
+    __slots__ = ("closing", "headers", "lines")
+
+    def __init__(self, headers: RawHeaders) -> None:
+        self.headers = headers
+        lines: list[bytes] = []
+        self.closing = False
+        for name, value in headers:
+            lines += (name, b": ", value, b"\r\n")
+            self.closing = self.closing or _says_close(name, value)
+        self.lines = b"".join(lines)
+
+
+def _says_close(name: bytes, value: bytes) -> bool:
+    return name == b"connection" and b"close" in (t.strip() for t in value.lower().split(b","))
+
+
 def _response(
-    default_headers: RawHeaders,
+    defaults: HeaderBlock,
     status: int,
     headers: RawHeaders,
     body: bytes,
@@ -115,12 +134,11 @@ def _response(
 ) -> tuple[bytes, bool]:
     """A response's bytes as uvicorn's `send` frames them, and whether the connection
     stays open after it: not if the client asked to close or the headers say close."""
-    parts = [STATUS_LINE[status]]
-    closing = False
-    for name, value in (*default_headers, *headers):
+    parts = [STATUS_LINE[status], defaults.lines]
+    closing = defaults.closing
+    for name, value in headers:
         parts += (name, b": ", value, b"\r\n")
-        if name == b"connection" and b"close" in (t.strip() for t in value.lower().split(b",")):
-            closing = True
+        closing = closing or _says_close(name, value)
     if status not in (204, 304):  # RFC 9110 §8.6: no Content-Length on these
         parts.append(b"content-length: %d\r\n" % len(body))
     if keep_alive and closing:
@@ -194,6 +212,7 @@ class Protocol(HttpToolsProtocol):
         super().__init__(*args, **kwargs)
         self.extensions: dict[str, object] = {}  # put in every request's scope
         self._in_message = False  # the parser is inside a request
+        self._defaults = HeaderBlock([])  # server_state.default_headers, encoded
 
     # seams --------------------------------------------------------------------------
 
@@ -239,9 +258,10 @@ class Protocol(HttpToolsProtocol):
         """A whole response to a request `answer_whole` took, finished as uvicorn
         finishes one: counted, and the connection idle (or closed, if the headers say
         so)."""
-        data, keep_alive = _response(
-            self.server_state.default_headers, status, headers, body, keep_alive=True
-        )
+        defaults = self._defaults
+        if defaults.headers is not self.server_state.default_headers:  # renewed each second
+            defaults = self._defaults = HeaderBlock(self.server_state.default_headers)
+        data, keep_alive = _response(defaults, status, headers, body, keep_alive=True)
         self.transport.write(data)
         self.server_state.total_requests += 1
         if keep_alive:

@@ -68,8 +68,12 @@ def llhttp_reads(data: bytes) -> tuple[list[dict[str, Any]], httptools.HttpReque
     return recorder.messages, parser
 
 
+HEADS = fast_lane.Heads()  # remembering across the whole module: any head, any order
+
+
 def assert_read_alike(data: bytes) -> None:
     parsed = fast_lane.parse(data)
+    assert HEADS.parse(data) == parsed and HEADS.parse(data) == parsed  # as new, as remembered
     if parsed is None:
         return
     messages, parser = llhttp_reads(data)
@@ -78,26 +82,28 @@ def assert_read_alike(data: bytes) -> None:
     (message,) = messages
     assert parser.get_method() == b"POST"
     assert parser.get_http_version() == "1.1" and parser.should_keep_alive()
-    assert message["url"].decode() == parsed.path
-    assert dict(message["headers"]) == parsed.headers
-    assert len(message["headers"]) == len(parsed.headers)  # nothing repeated
-    assert message["body"] == parsed.body
+    head, body = parsed
+    assert message["url"].decode() == head.path
+    assert dict(message["headers"]) == head.headers
+    assert len(message["headers"]) == len(head.headers)  # nothing repeated
+    assert message["body"] == body and head.length == len(body)
 
 
 def test_a_plain_request_is_read_whole() -> None:
     parsed = fast_lane.parse(request())
     assert parsed is not None
-    assert parsed.path == "/mcp"
-    assert parsed.body == BODY
-    assert parsed.headers["mcp-name"] == "Task-A b"  # values keep their case
-    assert parsed.headers["content-length"] == str(len(BODY))
+    head, body = parsed
+    assert head.path == "/mcp"
+    assert body == BODY
+    assert head.headers["mcp-name"] == "Task-A b"  # values keep their case
+    assert head.headers["content-length"] == str(len(BODY))
     assert_read_alike(request())
 
 
 def test_whitespace_before_a_value_is_dropped_and_after_it_kept_as_by_llhttp() -> None:
     # So a value with trailing whitespace gets the same answer (H15: not plain-safe).
     parsed = fast_lane.parse(request([("Mcp-Name", "   x y  ")]))
-    assert parsed is not None and parsed.headers["mcp-name"] == "x y  "
+    assert parsed is not None and parsed[0].headers["mcp-name"] == "x y  "
     assert_read_alike(request([("Mcp-Name", "   x y  ")]))
     for value in ("x\ty", "\tx"):  # a tab anywhere: uvicorn's parser reads it
         assert fast_lane.parse(request([("Mcp-Name", value)])) is None
@@ -146,7 +152,7 @@ def test_what_is_declined(data: bytes) -> None:
 
 def test_a_body_of_zero_bytes_is_whole() -> None:
     parsed = fast_lane.parse(request(body=b""))
-    assert parsed is not None and parsed.body == b""
+    assert parsed is not None and parsed[1] == b""
 
 
 _name = st.text(st.sampled_from("abcXYZ019-_.!#$%&'*+^`|~ :\t\x00\x7f\xe9"), min_size=0, max_size=8)
@@ -187,3 +193,31 @@ def test_whatever_is_accepted_llhttp_reads_the_same(
 def test_arbitrary_bytes_after_a_plain_head(noise: bytes) -> None:
     assert_read_alike(request() + noise)
     assert_read_alike(request()[:60] + noise)
+
+
+def test_a_remembered_head_reads_each_body_by_its_own_length() -> None:
+    heads = fast_lane.Heads()
+    first, second = request(body=b'{"id":1}'), request(body=b'{"id":2}')
+    assert heads.parse(first) == fast_lane.parse(first)
+    parsed = heads.parse(second)
+    assert parsed is not None and parsed[1] == b'{"id":2}' and len(heads) == 1
+    assert heads.parse(second[:-1]) is None  # its head is known; the body is not all here
+    assert heads.parse(second + b"x") is None
+
+
+def test_heads_are_remembered_within_their_bound() -> None:
+    heads = fast_lane.Heads(memo_bytes=2000)
+    size = len(request([("Mcp-Name", "task-0000")]).partition(b"\r\n\r\n")[0]) + 4
+    for i in range(100):
+        data = request([("Mcp-Name", f"task-{i:04}")])
+        assert heads.parse(data) == fast_lane.parse(data)
+        assert len(heads) * size <= 2 * 2000  # two generations
+    recent = request([("Mcp-Name", "task-0099")])
+    assert heads.parse(recent) is not None and len(heads) >= 2000 // size
+
+
+def test_a_head_longer_than_memo_head_is_read_but_not_remembered() -> None:
+    heads = fast_lane.Heads()
+    data = request([("Authorization", "Bearer " + "t" * fast_lane.MEMO_HEAD)])
+    parsed = heads.parse(data)
+    assert parsed is not None and parsed == fast_lane.parse(data) and len(heads) == 0

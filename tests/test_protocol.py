@@ -5,13 +5,14 @@ The request builders here are shared by the other test_protocol_*.py modules.
 
 from __future__ import annotations
 
+import base64
 from typing import Any, NamedTuple
 
 import msgspec
 import pytest
 
 from hub import jsonrpc
-from hub.protocol import Notification, Request, RequestError, parse_request
+from hub.protocol import Notification, Request, RequestError, parse_request, plain_tasks_get
 
 VERSION = "2026-07-28"
 TASK_ID = "786512e2-9e0d-44bd-8f29-789f320fe840"
@@ -337,3 +338,40 @@ def test_id_type_is_kept(request_id: jsonrpc.RequestId) -> None:  # H59
 )
 def test_notifications(body: dict[str, Any]) -> None:  # H6: shape checks only, no headers
     assert parse_request({}, encode(body)) == Notification(body["method"])
+
+
+@pytest.mark.parametrize("request_id", [1, 2**70, "poll-7", ""])
+def test_a_plain_poll_is_read_in_one_pass(request_id: jsonrpc.RequestId) -> None:
+    found = plain_tasks_get(headers("tasks/get"), encode(get(request_id=request_id)))
+    assert found == (request_id, TASK_ID) and type(found[0]) is type(request_id)
+
+
+def sentinel(value: str) -> str:
+    return "=?base64?" + base64.b64encode(value.encode()).decode() + "?="
+
+
+@pytest.mark.parametrize("name", ["mcp_name", "mcp_method"])
+def test_a_valid_poll_in_another_form_is_left_to_parse_request(name: str) -> None:
+    value = TASK_ID if name == "mcp_name" else "tasks/get"
+    hdrs, body = headers("tasks/get", **{name: sentinel(value)}), encode(get())
+    assert plain_tasks_get(hdrs, body) is None
+    assert parse(hdrs, get()).task_id == TASK_ID
+
+
+@pytest.mark.parametrize(
+    "hdrs, body",
+    [
+        (headers("tasks/get"), get(taskId=OTHER_ID)),
+        (headers("tasks/get", mcp_protocol_version="2025-11-25"), get(_meta=meta("2025-11-25"))),
+        (headers("tasks/get"), get(_meta=meta(caps={}))),
+        (headers("tasks/get"), get(request_id=True)),
+        (headers("tasks/get"), get(request_id=1.0)),
+        (headers("tasks/get", mcp_name=TASK_ID + " "), get(taskId=TASK_ID + " ")),
+        (headers("tasks/cancel"), message("tasks/cancel")),
+    ],
+)
+def test_an_invalid_poll_is_left_to_parse_request(hdrs: dict[str, str], body: Any) -> None:
+    assert plain_tasks_get(hdrs, encode(body)) is None
+    if body["method"] == "tasks/get":
+        raises(hdrs, encode(body))
+    assert plain_tasks_get(hdrs, b"{") is None

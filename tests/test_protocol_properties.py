@@ -1,5 +1,6 @@
 """hub/protocol.py, for any input: parse_request returns a Request or a Notification, or
-raises a RequestError whose code and HTTP status agree and whose reply encodes."""
+raises a RequestError whose code and HTTP status agree and whose reply encodes; and
+whatever plain_tasks_get recognises, parse_request reads as the same tasks/get."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from hub.protocol import (
     Notification,
     RequestError,
     parse_request,
+    plain_tasks_get,
 )
 from tests.test_protocol import (
     MISSING,
@@ -68,9 +70,11 @@ header_maps = st.dictionaries(
 
 
 def check_outcome(hdrs: dict[str, str], body: bytes) -> None:
+    plain = plain_tasks_get(hdrs, body)
     try:
         result = parse_request(hdrs, body)
     except RequestError as exc:
+        assert plain is None, (hdrs, body)
         err = exc.error
         assert err.http_status in CODE_STATUS[err.code]
         assert exc.request_id is None or (
@@ -79,7 +83,11 @@ def check_outcome(hdrs: dict[str, str], body: bytes) -> None:
         msgspec.json.decode(jsonrpc.encode_error(exc.request_id, err))
         return
     if isinstance(result, Notification):
+        assert plain is None, (hdrs, body)
         return
+    if plain is not None:  # the one-pass read gives what the full one gives
+        assert (result.method, result.id, result.task_id) == ("tasks/get", *plain)
+        assert type(result.id) is type(plain[0])
     assert result.method in METHODS
     assert type(result.id) in (str, int)
     if result.method in TASK_METHODS:
