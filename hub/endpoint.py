@@ -206,6 +206,8 @@ class McpEndpoint:
         """Method, Origin and credentials: the CORS headers for the answer, and who is
         asking or the refusal."""
         origin = headers.get("origin")
+        if origin is None and method == "POST" and self.hub.authenticator is None:
+            return [], ANONYMOUS  # the usual case, with nothing to check
         cors = [] if origin is None else self._cors(origin)
         return cors, self._identify(method, headers, origin, cors)
 
@@ -221,15 +223,12 @@ class McpEndpoint:
             err = jsonrpc.RpcError(jsonrpc.INVALID_REQUEST, "Origin not allowed", http_status=403)
             return _error(None, err, cors, outcome="403")
         try:
-            return self._authenticate(headers)
+            return authenticate(self.hub, "POST", headers, self.cors_origins)
         except AuthError as exc:  # H67: the RFC 6750 challenge, and the same in JSON-RPC
             message = "Unauthorized" + (f": {exc.description}" if exc.description else "")
             err = jsonrpc.RpcError(jsonrpc.UNAUTHORIZED, message, http_status=exc.status)
             challenge = [(b"www-authenticate", exc.www_authenticate().encode()), *cors]
             return _error(None, err, challenge, outcome=str(exc.status))
-
-    def _authenticate(self, headers: Mapping[str, str]) -> Identity:
-        return authenticate(self.hub, "POST", headers, self.cors_origins)
 
     def _parse(
         self, headers: Mapping[str, str], body: bytes, cors: RawHeaders
