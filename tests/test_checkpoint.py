@@ -37,8 +37,13 @@ def write(path: Path, cache: TaskCache, seq: int = 10) -> None:
     checkpoint.write(path, seq=seq, task_ids=task_ids, packed=packed, **STREAM)
 
 
-def read(path: Path, last_seq: int = 10, **stream: str) -> checkpoint.Checkpoint | None:
-    return checkpoint.read(path, last_seq=last_seq, **{**STREAM, **stream})
+def read(
+    path: Path, last_seq: int = 10, stream: dict[str, str] | None = None
+) -> checkpoint.Checkpoint | None:
+    at = {**STREAM, **(stream or {})}
+    return checkpoint.read(
+        path, bucket=at["bucket"], stream_created=at["stream_created"], last_seq=last_seq
+    )
 
 
 def restored(saved: checkpoint.Checkpoint | None, now: float = NOW) -> TaskCache:
@@ -205,7 +210,7 @@ def test_a_file_of_another_stream_is_set_aside(
     path = tmp_path / "snapshot"
     write(path, cache_of(task()))
     with caplog.at_level(logging.WARNING, "taskhub.checkpoint"):
-        assert read(path, **stream) is None
+        assert read(path, stream=stream) is None
     assert why in caplog.text
 
 
