@@ -46,6 +46,8 @@ from hub.upstream import Upstream, UpstreamError
 _ANSWERED_NOW = frozenset({"tasks/get", "server/discover", "subscriptions/listen", None})
 ANONYMOUS = Identity("anonymous", None)  # every caller when authentication is off
 JSON = (b"content-type", b"application/json")
+# The headers of most replies. Never changed: a connection encodes it once, by identity.
+JSON_ONLY: list[tuple[bytes, bytes]] = [JSON]
 RawHeaders = list[tuple[bytes, bytes]]
 
 
@@ -276,7 +278,9 @@ class McpEndpoint:
             answer = handlers.tasks_get_cached(self.hub, request_id, task_id, identity.principal)
         except jsonrpc.RpcError as err:
             return _error(request_id, err, cors, "tasks/get")
-        return None if answer is None else Reply(200, answer, [JSON, *cors], "ok", "tasks/get")
+        if answer is None:
+            return None
+        return Reply(200, answer, [JSON, *cors] if cors else JSON_ONLY, "ok", "tasks/get")
 
     def _cors(self, origin: str) -> RawHeaders:
         return _encode_headers(cors_response_headers(origin, self.cors_origins))
@@ -325,7 +329,7 @@ async def respond(scope: Scope, send: Send, status: int, body: bytes, headers: R
 
 
 def _ok(request: Request, answer: bytes, cors: RawHeaders) -> Reply:
-    return Reply(200, answer, [JSON, *cors], "ok", request.method)
+    return Reply(200, answer, [JSON, *cors] if cors else JSON_ONLY, "ok", request.method)
 
 
 def _error(

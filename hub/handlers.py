@@ -119,13 +119,9 @@ def tasks_get_cached(
 
 
 def _get_result(request_id: jsonrpc.RequestId, snapshot: TaskSnapshot) -> bytes:
-    return (
-        b'{"jsonrpc":"2.0","id":'
-        + jsonrpc.encode_id(request_id)
-        + _GET_RESULT_HEAD
-        + snapshot.body[1:]  # the task's closing brace closes the result
-        + b"}"
-    )
+    # One join (not four concatenations); the task's closing brace closes the result.
+    request = (b'{"jsonrpc":"2.0","id":', jsonrpc.encode_id(request_id), _GET_RESULT_HEAD)
+    return b"".join((*request, snapshot.body[1:], b"}"))
 
 
 def _pace_poll(hub: Hub, principal: str, task_id: str, snapshot: TaskSnapshot | None) -> None:

@@ -95,7 +95,12 @@ def respond(cycle: Cycle, status: int, headers: RawHeaders, body: bytes) -> None
     cycle.waiting_for_100_continue = False
     head_only = cycle.scope["method"] == "HEAD"
     data, cycle.keep_alive = _response(
-        HeaderBlock(cycle.default_headers), status, headers, body, cycle.keep_alive, head_only
+        HeaderBlock(cycle.default_headers),
+        status,
+        HeaderBlock(headers),
+        body,
+        cycle.keep_alive,
+        head_only,
     )
     cycle.transport.write(data)
     cycle.response_complete = True
@@ -127,18 +132,15 @@ def _says_close(name: bytes, value: bytes) -> bool:
 def _response(
     defaults: HeaderBlock,
     status: int,
-    headers: RawHeaders,
+    headers: HeaderBlock,
     body: bytes,
     keep_alive: bool,
     head_only: bool = False,
 ) -> tuple[bytes, bool]:
     """A response's bytes as uvicorn's `send` frames them, and whether the connection
     stays open after it: not if the client asked to close or the headers say close."""
-    parts = [STATUS_LINE[status], defaults.lines]
-    closing = defaults.closing
-    for name, value in headers:
-        parts += (name, b": ", value, b"\r\n")
-        closing = closing or _says_close(name, value)
+    parts = [STATUS_LINE[status], defaults.lines, headers.lines]
+    closing = defaults.closing or headers.closing
     if status not in (204, 304):  # RFC 9110 §8.6: no Content-Length on these
         parts.append(b"content-length: %d\r\n" % len(body))
     if keep_alive and closing:
@@ -213,6 +215,7 @@ class Protocol(HttpToolsProtocol):
         self.extensions: dict[str, object] = {}  # put in every request's scope
         self._in_message = False  # the parser is inside a request
         self._defaults = HeaderBlock([])  # server_state.default_headers, encoded
+        self._headers = HeaderBlock([])  # the last response's own headers, encoded
 
     # seams --------------------------------------------------------------------------
 
@@ -257,11 +260,15 @@ class Protocol(HttpToolsProtocol):
     def respond_at_rest(self, status: int, headers: RawHeaders, body: bytes) -> None:
         """A whole response to a request `answer_whole` took, finished as uvicorn
         finishes one: counted, and the connection idle (or closed, if the headers say
-        so)."""
+        so). A header list is never changed once given here: the same list again is
+        not encoded again."""
         defaults = self._defaults
         if defaults.headers is not self.server_state.default_headers:  # renewed each second
             defaults = self._defaults = HeaderBlock(self.server_state.default_headers)
-        data, keep_alive = _response(defaults, status, headers, body, keep_alive=True)
+        block = self._headers
+        if block.headers is not headers:  # the same list again (a constant): encoded once
+            block = self._headers = HeaderBlock(headers)
+        data, keep_alive = _response(defaults, status, block, body, keep_alive=True)
         self.transport.write(data)
         self.server_state.total_requests += 1
         if keep_alive:

@@ -70,6 +70,12 @@ def test_the_seams_rely_on_uvicorns_call_sites() -> None:
         assert callable(getattr(HttpToolsProtocol, method, None)), method
 
 
+# Header lists given again and again (as the endpoint's JSON_ONLY): encoded once each time
+# they follow another.
+SAME = list(HEADERS)
+OTHER = [*HEADERS, (b"vary", b"origin")]
+
+
 class Probe(uv.Protocol):
     """The adapter's protocol, answering `/whole` itself from the read and recording
     every request's cycle."""
@@ -77,9 +83,11 @@ class Probe(uv.Protocol):
     seen: ClassVar[list[tuple[Any, Any]]] = []
 
     def answer_whole(self, data: bytes) -> bool:
-        if not data.startswith(b"POST /whole "):
+        path = data.split(b" ", 2)[1]
+        headers = {b"/whole": list(HEADERS), b"/same": SAME, b"/other": OTHER}.get(path)
+        if headers is None:
             return False
-        self.respond_at_rest(200, list(HEADERS), BODY)
+        self.respond_at_rest(200, headers, BODY)
         return True
 
     def on_headers_complete(self) -> None:
@@ -156,6 +164,13 @@ async def test_a_whole_response_is_what_uvicorns_send_writes(served: Served) -> 
     # and uvicorn's parser saw only the two it was given.
     assert len({id(protocol) for protocol, _ in Probe.seen}) == 1
     assert len(Probe.seen) == 2
+
+
+async def test_a_header_list_given_again_is_written_as_it_is(served: Served) -> None:
+    same, other, same_again, fresh = await exchange(served, "/same", "/other", "/same", "/whole")
+    assert same == same_again == fresh
+    assert other == same.replace(b"x-test: 1\r\n", b"x-test: 1\r\nvary: origin\r\n")
+    assert b"vary" not in same
 
 
 async def test_a_close_request_gets_connection_close_as_from_send(served: Served) -> None:
