@@ -129,11 +129,10 @@ class TaskCache:
 
     def get(self, task_id: str) -> TaskSnapshot | None:
         """The current snapshot, or None when unknown or past its TTL."""
-        snapshot = self._recent.get(task_id) or self._current(task_id)  # kept: one lookup
-        if snapshot is None:
+        snapshot = self._current(task_id)
+        if snapshot is None or snapshot.expired(self._clock()):
             return None
-        expires = snapshot.expires_at
-        return None if expires is not None and self._clock() >= expires else snapshot
+        return snapshot
 
     def _current(self, task_id: str, *, keep: bool = True) -> TaskSnapshot | None:
         """The snapshot held for `task_id`, expired or not; kept for the next read unless

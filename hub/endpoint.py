@@ -142,7 +142,7 @@ class McpEndpoint:
             answer = await self._dispatch(request, identity)
         except jsonrpc.RpcError as err:
             return _error(request.id, err, cors, request.method)
-        return answer if isinstance(answer, ListenStream) else _ok(request, answer, cors)
+        return answer if isinstance(answer, ListenStream) else _ok(request.method, answer, cors)
 
     async def _discover_upstream(
         self, scope: Scope, body: bytes, request: Request, cors: RawHeaders
@@ -198,7 +198,7 @@ class McpEndpoint:
         if isinstance(answer, ListenStream):
             answer.extra_headers = cors  # as `adding_headers` adds them on the ASGI path
             return answer
-        return None if answer is None else _ok(request, answer, cors)
+        return None if answer is None else _ok(request.method, answer, cors)
 
     # -- the steps -----------------------------------------------------------------------
 
@@ -278,9 +278,7 @@ class McpEndpoint:
             answer = handlers.tasks_get_cached(self.hub, request_id, task_id, identity.principal)
         except jsonrpc.RpcError as err:
             return _error(request_id, err, cors, "tasks/get")
-        if answer is None:
-            return None
-        return Reply(200, answer, [JSON, *cors] if cors else JSON_ONLY, "ok", "tasks/get")
+        return None if answer is None else _ok("tasks/get", answer, cors)
 
     def _cors(self, origin: str) -> RawHeaders:
         return _encode_headers(cors_response_headers(origin, self.cors_origins))
@@ -328,8 +326,8 @@ async def respond(scope: Scope, send: Send, status: int, body: bytes, headers: R
     await send({"type": "http.response.body", "body": body})
 
 
-def _ok(request: Request, answer: bytes, cors: RawHeaders) -> Reply:
-    return Reply(200, answer, [JSON, *cors] if cors else JSON_ONLY, "ok", request.method)
+def _ok(method: str, answer: bytes, cors: RawHeaders) -> Reply:
+    return Reply(200, answer, [JSON, *cors] if cors else JSON_ONLY, "ok", method)
 
 
 def _error(

@@ -124,6 +124,11 @@ class HeaderBlock:
             self.closing = self.closing or _says_close(name, value)
         self.lines = b"".join(lines)
 
+    @classmethod
+    def of(cls, headers: RawHeaders, last: HeaderBlock) -> HeaderBlock:
+        """`last` again if it encodes this very list (never changed once given), else new."""
+        return last if last.headers is headers else cls(headers)
+
 
 def _says_close(name: bytes, value: bytes) -> bool:
     return name == b"connection" and b"close" in (t.strip() for t in value.lower().split(b","))
@@ -154,11 +159,8 @@ def _response(
 def streaming_head(default_headers: RawHeaders, status: int, headers: RawHeaders) -> bytes:
     """The head of a chunked streaming response as uvicorn's `send` writes it for
     `http.response.start` with neither Content-Length nor Transfer-Encoding."""
-    parts = [STATUS_LINE[status]]
-    for name, value in (*default_headers, *headers):
-        parts += (name, b": ", value, b"\r\n")
-    parts.append(b"transfer-encoding: chunked\r\n\r\n")
-    return b"".join(parts)
+    defaults, own = HeaderBlock(default_headers).lines, HeaderBlock(headers).lines
+    return b"".join((STATUS_LINE[status], defaults, own, b"transfer-encoding: chunked\r\n\r\n"))
 
 
 def chunk(data: bytes) -> bytes:
@@ -262,12 +264,11 @@ class Protocol(HttpToolsProtocol):
         finishes one: counted, and the connection idle (or closed, if the headers say
         so). A header list is never changed once given here: the same list again is
         not encoded again."""
-        defaults = self._defaults
-        if defaults.headers is not self.server_state.default_headers:  # renewed each second
-            defaults = self._defaults = HeaderBlock(self.server_state.default_headers)
-        block = self._headers
-        if block.headers is not headers:  # the same list again (a constant): encoded once
-            block = self._headers = HeaderBlock(headers)
+        # uvicorn renews its default headers each second; most replies share one list.
+        defaults = self._defaults = HeaderBlock.of(
+            self.server_state.default_headers, self._defaults
+        )
+        block = self._headers = HeaderBlock.of(headers, self._headers)
         data, keep_alive = _response(defaults, status, block, body, keep_alive=True)
         self.transport.write(data)
         self.server_state.total_requests += 1
