@@ -180,6 +180,17 @@ class TaskCache:
         """Every task held, expired or not, packed: what a checkpoint saves."""
         return list(self._tasks), list(self._tasks.values())
 
+    def task_ids(self) -> list[str]:
+        """The id of every task held (a copy: ~30 ms at a million)."""
+        return list(self._tasks)
+
+    def packed_of(self, task_ids: list[str]) -> tuple[list[str], list[bytes]]:
+        """`packed()` for just these ids, as they are held now (the ones no longer held
+        are left out): a checkpoint written a slice at a time."""
+        held = self._tasks
+        ids = [task_id for task_id in task_ids if task_id in held]
+        return ids, [held[task_id] for task_id in ids]
+
     def restore(self, task_ids: list[str], packed: list[bytes]) -> int:
         """Fill an empty cache from a checkpoint's `packed()`, leaving out what has expired;
         returns how many tasks it holds. No listener hears of them: nobody can be listening

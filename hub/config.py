@@ -40,6 +40,9 @@ class Config:
     data_dir: Path = Path(".taskhub")
     # The snapshot kept here across restarts (hub/checkpoint.py); None = read the bucket.
     checkpoint: Path | None = None
+    # ... written this often while running too (0: only at shutdown), and no more often
+    # than 20 times as long as the last write took.
+    checkpoint_every: float = 60.0
     # Embedded NATS: JetStream's sync_interval ("always" = fsync before every ack).
     nats_sync: str = SYNC_ALWAYS
     # An external NATS server's monitoring endpoint, whose /varz shows its sync policy.
@@ -283,8 +286,14 @@ _OPTIONS: list[tuple[str, Callable[[str], Any], str]] = [
     (
         "checkpoint",
         Path,
-        "file the snapshot is saved to at shutdown and read from at start, so a restart "
-        "reads from NATS only what changed meanwhile",
+        "file the snapshot is saved to while running and at shutdown and read from at "
+        "start, so a restart reads from NATS only what changed since",
+    ),
+    (
+        "checkpoint-every",
+        _non_negative_float,
+        "seconds between checkpoints while running (0: only at shutdown); at least 20 times "
+        "as long as the last one took",
     ),
     (
         "nats-sync",

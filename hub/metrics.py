@@ -164,6 +164,14 @@ class Metrics:
             "-1 when unknown",
         )
         self.nats_sync_always.set(-1)
+        # The checkpoint (--checkpoint): alert on its age, time() minus this.
+        self.checkpoint_written = Gauge(
+            "taskhub_checkpoint_written_seconds",
+            "Unix time the last checkpoint was written (0: none since start)",
+        )
+        self.checkpoint_failures = Counter(
+            "taskhub_checkpoint_failures_total", "checkpoints that failed to be written"
+        )
 
     def render(self) -> bytes:
         lines: list[str] = []

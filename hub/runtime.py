@@ -49,6 +49,7 @@ class Hub:
             nats_options=config.nats_options(),
             monitor_url=config.nats_monitor_url,
             checkpoint_path=config.checkpoint,
+            checkpoint_every=config.checkpoint_every,
         )
         self.fleet = FleetView(self.cache, config.silent_after)
         self._fleet_frames = (b"", b"")  # the latest `fleet` event: without, with servers

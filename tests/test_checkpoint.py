@@ -6,6 +6,8 @@ from __future__ import annotations
 import logging
 import os
 import stat
+import subprocess
+import zlib
 from pathlib import Path
 
 import pytest
@@ -184,17 +186,53 @@ def test_a_file_of_another_layout_is_set_aside(
     assert "another layout" in caplog.text
 
 
+def record(payload: bytes) -> bytes:
+    return len(payload).to_bytes(4, "big") + zlib.crc32(payload).to_bytes(4, "big") + payload
+
+
 def test_a_checksummed_file_of_the_wrong_shape_is_set_aside(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    import zlib
-
     path = tmp_path / "snapshot"
-    payload = b"\x93\x01\x02\x03"  # msgpack, but not a checkpoint
-    path.write_bytes(checkpoint.MAGIC + zlib.crc32(payload).to_bytes(4, "big") + payload)
+    path.write_bytes(checkpoint.MAGIC + record(b"\x93\x01\x02\x03"))  # msgpack, not a head
     with caplog.at_level(logging.WARNING, "taskhub.checkpoint"):
         assert read(path) is None
     assert "cannot be decoded" in caplog.text
+
+
+def test_tasks_written_a_slice_at_a_time_come_back_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(checkpoint, "SLICE", 2)
+    path = tmp_path / "snapshot"
+    cache = cache_of(*(task() for _ in range(7)))
+    write(path, cache)
+    again = restored(read(path))
+    assert again.packed() == cache.packed()
+    # Four records of tasks and the end: any one missing is a file cut short.
+    data = path.read_bytes()
+    records = []
+    at = len(checkpoint.MAGIC)
+    while at < len(data):
+        length = int.from_bytes(data[at : at + 4], "big")
+        records.append(data[at : at + 8 + length])
+        at += 8 + length
+    assert len(records) == 1 + 4 + 1
+    for missing in range(1, len(records)):
+        kept = records[:missing] + records[missing + 1 :]
+        path.write_bytes(checkpoint.MAGIC + b"".join(kept))
+        assert read(path) is None, f"record {missing} left out went unnoticed"
+
+
+def test_an_abandoned_write_leaves_the_old_file(tmp_path: Path) -> None:
+    path = tmp_path / "snapshot"
+    first = cache_of(task())
+    write(path, first)
+    writer = checkpoint.Writer(path, seq=11, **STREAM)
+    writer.add(*cache_of(task(), task()).packed())
+    writer.abandon()
+    assert restored(read(path)).packed() == first.packed()
+    assert sorted(os.listdir(tmp_path)) == ["snapshot"]
 
 
 @pytest.mark.parametrize(
@@ -259,3 +297,33 @@ def test_owners_of_any_length_are_packed_whole(owner_length: int) -> None:
     again = TaskCache(clock=lambda: NOW)
     again.restore(*cache.packed())
     assert again.get(tid) == snapshot
+
+
+def test_a_slice_holds_its_tasks_as_they_are_when_it_is_written() -> None:
+    (gone, gone_value), (changed, changed_value), kept = task(), task(), task()
+    cache = cache_of((gone, gone_value), (changed, changed_value), kept)
+    task_ids = cache.task_ids()  # as a checkpoint under way copied them
+    cache.apply_delete(gone, 10)
+    assert cache.apply_put(changed, 11, envelope(changed, "completed")) is not None
+    ids, packed = cache.packed_of(task_ids)
+    assert ids == [changed, kept[0]]
+    assert [unpack(tid, value).status for tid, value in zip(ids, packed, strict=True)] == [
+        "completed",
+        "working",
+    ]
+
+
+def test_temporary_files_of_dead_writers_are_removed(tmp_path: Path) -> None:
+    path = tmp_path / "snapshot"
+    write(path, cache_of(task()))
+    dead = subprocess.Popen(["true"])  # its PID is free once it is reaped
+    dead.wait()
+    mine = tmp_path / f".snapshot.{os.getpid()}.0.tmp"  # this process has not written yet
+    theirs = tmp_path / f".snapshot.{dead.pid}.7.tmp"
+    living = tmp_path / f".snapshot.{os.getppid()}.3.tmp"  # a live writer's: kept
+    other = tmp_path / ".other.1.0.tmp"
+    for leftover in (mine, theirs, living, other):
+        leftover.write_bytes(b"half a checkpoint")
+    assert checkpoint.remove_leftovers(path) == 2
+    assert sorted(os.listdir(tmp_path)) == sorted(["snapshot", living.name, other.name])
+    assert read(path) is not None

@@ -3,15 +3,24 @@ only what changed meanwhile, and still answers exactly what the bucket holds."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import itertools
+import json
 import logging
+import random
+import shutil
 from pathlib import Path
 from typing import Any
 
 import pytest
+from nats.js.errors import KeyNotFoundError
 
 from bridge.jetstream import ensure_bucket
 from bridge.wire import kv_subject
-from tests.helpers import HubHarness, envelope, new_task_id, start_hub
+from hub import checkpoint
+from tests.e2e.test_serve import free_port, taskhub_command
+from tests.helpers import HubHarness, envelope, eventually, new_task_id, start_hub
 
 
 async def put(js: Any, bucket: str, task_id: str, data: bytes) -> None:
@@ -128,3 +137,118 @@ async def test_a_damaged_checkpoint_costs_a_full_read_not_a_task(
         assert accepted_from_watch(third) == 0 and len(third.hub.cache) == 20
     finally:
         await third.stop()
+
+
+async def test_a_hub_cut_off_mid_run_restarts_from_its_last_checkpoint_exactly(
+    js: Any, bucket: str, nats_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Checkpoints written while tasks change, a slice per loop turn: the file as a power
+    cut would leave it, with the writes after it, gives back exactly what the bucket holds."""
+    monkeypatch.setattr(checkpoint, "SLICE", 1)  # a loop turn per task: writes land between
+    saved = tmp_path / "snapshot"
+    ids = [new_task_id() for _ in range(400)]
+    for tid in ids:
+        await put(js, bucket, tid, envelope(tid))
+    first = await start_hub(
+        nats_url, bucket, tmp_path / "a", checkpoint=saved, checkpoint_every=0.05
+    )
+    kv = await js.key_value(bucket)
+    stop = asyncio.Event()
+
+    async def keep_writing() -> None:
+        # Updates, deletes and new tasks, all the while checkpoints are written.
+        for round_ in itertools.count():
+            if stop.is_set():
+                return
+            tid = random.choice(ids)
+            if round_ % 7 == 0:
+                await kv.delete(tid)
+            elif round_ % 5 == 0:
+                ids.append(new_task_id())
+                await put(js, bucket, ids[-1], envelope(ids[-1]))
+            else:
+                await put(js, bucket, tid, envelope(tid, "input_required"))
+
+    writing = asyncio.create_task(keep_writing())
+    try:
+        await first.hub.source.wait_caught_up(10)
+        written = first.hub.metrics.checkpoint_written
+        await eventually(lambda: written.value() > 0, timeout=20)
+        since = written.value()
+        await eventually(lambda: written.value() > since, timeout=20)  # one more, mid-writes
+        cut = tmp_path / "as-the-power-cut-left-it"
+        shutil.copyfile(saved, cut)
+    finally:
+        stop.set()
+        await writing
+    try:
+        # What the cut loses: a few writes after the file.
+        for tid in random.sample(ids, 5):
+            await put(js, bucket, tid, envelope(tid, "completed"))
+    finally:
+        await first.stop()
+
+    second = await started(nats_url, bucket, tmp_path / "b", cut)
+    try:
+        truth: dict[str, str] = {}
+        for tid in set(ids):
+            with contextlib.suppress(KeyNotFoundError):
+                entry = await kv.get(tid)
+                truth[tid] = json.loads(entry.value)["task"]["status"]
+        held = {tid: snapshot.status for tid in ids if (snapshot := second.hub.cache.get(tid))}
+        assert held == truth
+        assert accepted_from_watch(second) < len(truth)  # not a full read of the bucket
+    finally:
+        await second.stop()
+
+
+async def test_taskhub_serve_killed_outright_restarts_from_its_checkpoint(
+    js: Any, bucket: str, nats_url: str, tmp_path: Path
+) -> None:
+    saved = tmp_path / "snapshot"
+    ids = [new_task_id() for _ in range(30)]
+    for tid in ids:
+        await put(js, bucket, tid, envelope(tid))
+    port = free_port()
+    args = ["serve", "--port", str(port), "--nats-url", nats_url, "--bucket", bucket]
+    args += ["--data-dir", str(tmp_path / "a"), "--checkpoint", str(saved)]
+    args += ["--checkpoint-every", "0.1"]
+    proc = await asyncio.create_subprocess_exec(*taskhub_command(), *args)
+    try:
+        await eventually(saved.exists, timeout=20)
+    finally:
+        proc.kill()  # SIGKILL: no stop, no checkpoint at shutdown
+        await proc.wait()
+    await put(js, bucket, ids[0], envelope(ids[0], "completed"))
+
+    second = await started(nats_url, bucket, tmp_path / "b", saved)
+    try:
+        assert accepted_from_watch(second) == 1  # the one change, not the 30 tasks
+        assert await status_of(second, ids[0]) == "completed"
+        assert await status_of(second, ids[1]) == "working"
+    finally:
+        await second.stop()
+
+
+async def test_a_checkpoint_the_disk_refuses_is_counted_and_the_next_one_written(
+    js: Any, bucket: str, nats_url: str, tmp_path: Path
+) -> None:
+    folder = tmp_path / "checkpoints"
+    folder.mkdir()
+    saved = folder / "snapshot"
+    tid = new_task_id()
+    await put(js, bucket, tid, envelope(tid))
+    folder.rmdir()  # gone after start-up checked it: every write fails
+    harness = await start_hub(
+        nats_url, bucket, tmp_path / "a", checkpoint=saved, checkpoint_every=0.05
+    )
+    try:
+        metrics = harness.hub.metrics
+        await eventually(lambda: metrics.checkpoint_failures.value() >= 2, timeout=20)
+        assert metrics.checkpoint_written.value() == 0
+        assert await status_of(harness, tid) == "working"  # the hub goes on serving
+        folder.mkdir()
+        await eventually(lambda: metrics.checkpoint_written.value() > 0, timeout=20)
+        assert saved.exists()
+    finally:
+        await harness.stop()
