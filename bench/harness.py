@@ -176,6 +176,7 @@ class Harness:
         wait: bool = True,
         upstreams: Sequence[str] = (),
         checkpoint: Path | None = None,
+        checkpoint_every: float | None = None,
     ) -> Server:
         """`taskhub serve`; each of `upstreams` (`[NAME=]URL`) becomes an `--upstream`."""
 
@@ -191,6 +192,10 @@ class Harness:
                 "--log-level", "warning",
                 *(arg for upstream in upstreams for arg in ("--upstream", upstream)),
                 *(("--checkpoint", str(checkpoint)) if checkpoint is not None else ()),
+                *(
+                    ("--checkpoint-every", str(checkpoint_every))
+                    if checkpoint_every is not None else ()
+                ),
             ]  # fmt: skip
 
         return await self._start_server("hub", args, wait)

@@ -18,7 +18,8 @@ work is the figure that sharing disturbs least.
 (d) push_vs_poll the same clients follow their tasks by polling the origin every
                  pollIntervalMs, then by listening at the hub: requests reaching the
                  fleet, bytes on the wire, staleness.
-(e) cold_start   hub start with the bucket full until /readyz is 200.
+(e) cold_start   hub start with the bucket full until /readyz is 200; restarts from a
+                 checkpoint written at a stop, and from one written while running.
 (f) writes       bridge updates/s with concurrent writers, under nats-server's default
                  sync_interval (2m) and under "always" (an fsync before every ack).
 (g) front_door   closed-loop `tools/call` through the hub's front door against the same
@@ -32,6 +33,8 @@ work is the figure that sharing disturbs least.
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -388,7 +391,8 @@ async def push_vs_poll(h: Harness, s: Sizes, repeat: int) -> Metrics:
 
 async def cold_start(h: Harness, s: Sizes, repeat: int) -> Metrics:
     """Start to ready: from the bucket alone, then restarted from a checkpoint (after a
-    hundredth of the tasks changed while no hub ran)."""
+    hundredth of the tasks changed while no hub ran), then restarted after a SIGKILL from
+    the checkpoint the running hub wrote itself (a hundredth changed after it)."""
     bucket = await h.bucket(bucket_name("cold"))
     writer = await h.writer(bucket)
     populated = await writer.call("populate", 1200, count=s.cold_tasks, in_flight=1000)
@@ -398,8 +402,12 @@ async def cold_start(h: Harness, s: Sizes, repeat: int) -> Metrics:
     idle_rss = empty.child.rss_bytes()
     await h.stop(empty)
 
-    async def started(label: str, saved: Path | None) -> tuple[Server, Metrics]:
-        hub = await h.start_hub(bucket, max_streams=100, wait=False, checkpoint=saved)
+    async def started(
+        label: str, saved: Path | None, every: float | None = None
+    ) -> tuple[Server, Metrics]:
+        hub = await h.start_hub(
+            bucket, max_streams=100, wait=False, checkpoint=saved, checkpoint_every=every
+        )
         recording = await h.record(hub, label, 2 + s.cold_tasks / 20_000)
         await h.wait_ready(hub, timeout=600)
         rss = hub.child.rss_bytes()
@@ -432,9 +440,25 @@ async def cold_start(h: Harness, s: Sizes, repeat: int) -> Metrics:
         await h.stop(hub, grace=120)
         h.log(f"cold_start restart #{rep + 1}: ready in {run['seconds']:.2f} s")
         restarts.append(run)
+    # A power cut: the checkpoint the running hub wrote itself, then SIGKILL (no stop),
+    # and a hundredth of the tasks changed after it, which only NATS still has.
+    hub, _ = await started("before-crash", saved, every=1.0)
+    await writer.call("populate", 600, count=max(1, s.cold_tasks // 100), in_flight=1000)
+    written = saved.stat().st_mtime_ns
+    deadline = time.monotonic() + 300
+    while saved.stat().st_mtime_ns == written:
+        if time.monotonic() > deadline:
+            raise RuntimeError("the running hub wrote no checkpoint within 300 s")
+        await asyncio.sleep(0.1)
+    os.kill(hub.child.pid, signal.SIGKILL)
+    await h.stop(hub)
+    await writer.call("populate", 600, count=max(1, s.cold_tasks // 100), in_flight=1000)
+    hub, crashed = await started("after-crash", saved)
+    await h.stop(hub, grace=120)
     await h.close_worker(writer)
     restart = medians(restarts)
     result.update({f"restart_{name}": value for name, value in restart.items()})
+    result.update({f"crash_{name}": value for name, value in crashed.items()})
     result.update(
         {
             "tasks": s.cold_tasks,

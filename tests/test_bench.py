@@ -45,6 +45,7 @@ REQUIRED = {
         "restart_seconds",
         "restart_rss_per_task",
         "checkpoint_mb",
+        "crash_seconds",
     ),
     "writes": ("updates_per_s", "always_updates_per_s", "always_nats_cpu_cores"),
     "front_door": tuple(
