@@ -61,6 +61,8 @@ class Sizes:
     # (publishes/s × streams per topic), each window `peer_seconds` long; the storm's size
     peer_rates: tuple[float, ...] = (10_000, 20_000, 40_000)
     peer_seconds: float = 3.0
+    # ... after the warm-up, this long for the pace to settle before a window is measured
+    peer_settle_seconds: float = 0.5
 
 
 FULL = Sizes(
@@ -160,6 +162,7 @@ SMOKE = Sizes(
     warmup_seconds=0.1,
     peer_rates=(200, 400),
     peer_seconds=0.3,
+    peer_settle_seconds=0.0,  # the shape of the output, not steady figures
 )
 
 PROFILES = {sizes.name: sizes for sizes in (FULL, QUICK, SMOKE)}

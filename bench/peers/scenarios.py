@@ -250,7 +250,7 @@ async def _window(lane: Lane, run: Running, followers: float, frames: float, s: 
     meter = Meter.of(lane, run)
     await lane.publisher.call("pace_start", 30, **pace)
     try:
-        await asyncio.sleep(s.warmup_seconds + 0.5)
+        await asyncio.sleep(s.warmup_seconds + s.peer_settle_seconds)
         before = meter.read()
         measured = await lane.loadgen.call(
             "listen_measure", s.peer_seconds + 60, seconds=s.peer_seconds, latency=True
