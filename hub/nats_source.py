@@ -229,6 +229,7 @@ class NatsSource:
             checkpoint.set_aside(path, f"holds a value that is not a task ({exc})")
             return
         self._applied_seq = self._seen_seq = self._saved_seq = saved.seq
+        self._stream_created = _created(info)  # the stream the file was checked against
         log.info(
             "checkpoint: %d tasks as of stream sequence %d read in %.2f s (%d expired since); "
             "reading the %d messages after it",
@@ -377,9 +378,14 @@ class NatsSource:
     async def _watch(self) -> None:
         """Start (or resume) the watch and the catch-up check that gates readiness."""
         info = await self.js.stream_info(self.stream)
-        self._stream_created = _created(info)
+        created = _created(info)
+        # The bucket deleted and made anew: another creation time, even when the new
+        # stream's sequence has passed ours; or, where the server gives none, a sequence
+        # that went backwards.
+        made_anew = bool(self._stream_created and created) and created != self._stream_created
+        self._stream_created = created
         last_seq = info.state.last_seq if info.state.messages else 0
-        if self._applied_seq and info.state.last_seq >= self._applied_seq:
+        if self._applied_seq and not made_anew and info.state.last_seq >= self._applied_seq:
             # Resume: with history 1, what is still stored from here on is the latest
             # value (or delete marker) of every key that changed while we were away.
             config = api.ConsumerConfig(
@@ -391,9 +397,9 @@ class NatsSource:
             if self._applied_seq:
                 # The bucket was deleted and made anew: what we hold describes nothing.
                 log.warning("bucket stream was reset; re-reading every task")
-                self._resets += 1
+                self._resets += 1  # a checkpoint under way is of the old stream
                 self.cache.reset()
-                self._applied_seq = self._seen_seq = 0
+                self._applied_seq = self._seen_seq = self._saved_seq = 0
             config = api.ConsumerConfig(
                 deliver_policy=api.DeliverPolicy.LAST_PER_SUBJECT,
                 inactive_threshold=INACTIVE_CONSUMER_S,

@@ -252,3 +252,37 @@ async def test_a_checkpoint_the_disk_refuses_is_counted_and_the_next_one_written
         assert saved.exists()
     finally:
         await harness.stop()
+
+
+async def test_a_bucket_made_anew_while_running_is_what_the_next_checkpoint_holds(
+    js: Any, bucket: str, nats_url: str, tmp_path: Path
+) -> None:
+    saved = tmp_path / "snapshot"
+    old = [new_task_id() for _ in range(5)]
+    for tid in old:
+        await put(js, bucket, tid, envelope(tid))
+    first = await start_hub(
+        nats_url, bucket, tmp_path / "a", checkpoint=saved, checkpoint_every=0.05
+    )
+    try:
+        await first.hub.source.wait_caught_up(10)
+        written = first.hub.metrics.checkpoint_written
+        await eventually(lambda: written.value() > 0, timeout=20)
+        # As many messages as before: the new stream reaches the sequence the file holds.
+        await js.delete_key_value(bucket)
+        await ensure_bucket(js, bucket)
+        new = [new_task_id() for _ in range(5)]
+        for tid in new:
+            await put(js, bucket, tid, envelope(tid))
+        cache = first.hub.cache
+        await eventually(lambda: sorted(cache.task_ids()) == sorted(new), timeout=30)
+        since = written.value()
+        await eventually(lambda: written.value() > since, timeout=20)
+    finally:
+        await first.stop()
+    second = await started(nats_url, bucket, tmp_path / "b", saved)
+    try:
+        assert accepted_from_watch(second) == 0  # the file was of the new stream
+        assert sorted(second.hub.cache.task_ids()) == sorted(new)
+    finally:
+        await second.stop()

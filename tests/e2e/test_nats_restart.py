@@ -138,3 +138,25 @@ async def test_a_frozen_nats_server_turns_readyz_503_within_the_ping_bound(
 
 async def not_ready(hub: HubHarness) -> bool:
     return (await hub.client.get(hub.url + "/readyz")).status_code == 503
+
+
+async def test_a_bucket_made_anew_while_the_hub_runs_is_read_anew(
+    js: object, bucket: str, nats_url: str, tmp_path: Path
+) -> None:
+    """Told apart by its creation time, even when the new stream has as many messages as
+    the old one (its sequence alone would say "resume")."""
+    old = [new_task_id() for _ in range(5)]
+    for tid in old:
+        await write(nats_url, bucket, tid, envelope(tid))
+    harness = await start_hub(nats_url, bucket, tmp_path)
+    try:
+        await harness.hub.source.wait_caught_up(10)
+        await js.delete_key_value(bucket)  # type: ignore[attr-defined]
+        new = [new_task_id() for _ in range(5)]
+        for tid in new:
+            await write(nats_url, bucket, tid, envelope(tid))
+        cache = harness.hub.cache
+        await eventually(lambda: sorted(cache.task_ids()) == sorted(new), timeout=20)
+        assert (await harness.get_task(old[0])).json()["error"]["code"] == -32602
+    finally:
+        await harness.stop()
