@@ -292,7 +292,8 @@ class NatsSource:
         except OSError as exc:
             self._not_written(exc)
             return
-        self._written(seq, writer.count, size, started, "debug")
+        if self._resets == resets:  # else a file of the old stream: the next start sets it aside
+            self._written(seq, writer.count, size, started, "debug")
 
     def save_checkpoint(self) -> None:
         """Write the cache and the sequence it is complete up to, at once (at shutdown,

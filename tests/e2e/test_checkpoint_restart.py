@@ -8,6 +8,7 @@ import contextlib
 import itertools
 import json
 import logging
+import os
 import random
 import shutil
 from pathlib import Path
@@ -284,5 +285,39 @@ async def test_a_bucket_made_anew_while_running_is_what_the_next_checkpoint_hold
     try:
         assert accepted_from_watch(second) == 0  # the file was of the new stream
         assert sorted(second.hub.cache.task_ids()) == sorted(new)
+    finally:
+        await second.stop()
+
+
+async def test_a_stop_during_a_checkpoint_leaves_one_whole_file(
+    js: Any, bucket: str, nats_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(checkpoint, "SLICE", 1)  # a write takes hundreds of loop turns
+    saved = tmp_path / "snapshot"
+    ids = [new_task_id() for _ in range(300)]
+    for tid in ids:
+        await put(js, bucket, tid, envelope(tid))
+    first = await start_hub(
+        nats_url, bucket, tmp_path / "a", checkpoint=saved, checkpoint_every=0.01
+    )
+    changing = True
+
+    async def keep_changing() -> None:  # so that checkpoints keep coming
+        while changing:
+            await put(js, bucket, ids[0], envelope(ids[0], "input_required"))
+            await asyncio.sleep(0.005)
+
+    writer = asyncio.create_task(keep_changing())
+    try:
+        await first.hub.source.wait_caught_up(10)
+        await eventually(lambda: any(tmp_path.glob(".snapshot.*.tmp")), timeout=20, interval=0)
+    finally:
+        changing = False
+        await writer
+        await first.stop()  # most likely with a write under way
+    assert [name for name in os.listdir(tmp_path) if name.startswith(".")] == []
+    second = await started(nats_url, bucket, tmp_path / "b", saved)
+    try:
+        assert accepted_from_watch(second) == 0 and len(second.hub.cache) == 300
     finally:
         await second.stop()
