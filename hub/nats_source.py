@@ -20,7 +20,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import time
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
@@ -41,8 +40,8 @@ from bridge.wire import (
     kv_stream,
     kv_subject,
 )
-from hub import checkpoint
 from hub.cache import TaskCache, TaskSnapshot
+from hub.checkpoints import Checkpoints
 from hub.metrics import Metrics
 
 log = logging.getLogger("taskhub.nats")
@@ -61,9 +60,6 @@ WATCH_STALE_BOUND_S = max(
 )
 # How long a miss waits for a store answer at least as new as the hub's view.
 CONFIRM_MISS_S = 2.0
-# A checkpoint while running comes no sooner than this many times as long as the last one
-# took: writing them costs the hub at most a twentieth of its time.
-CHECKPOINT_SPACING = 20
 
 
 def read_sync_policy(monitor_url: str, timeout: float) -> str | None:
@@ -118,8 +114,6 @@ class NatsSource:
         checkpoint_path: Path | None = None,
         checkpoint_every: float = 0.0,
     ) -> None:
-        self.checkpoint_path = checkpoint_path
-        self.checkpoint_every = checkpoint_every  # seconds; 0: only at shutdown
         self.nats_options = nats_options or {}
         self.monitor_url = monitor_url  # NATS monitoring, for the sync policy
         self.nats_url = nats_url
@@ -141,10 +135,18 @@ class NatsSource:
         self._closing = False
         self._rewatch_task: asyncio.Task[None] | None = None
         self._check_task: asyncio.Task[None] | None = None
-        self._checkpoints: asyncio.Task[None] | None = None  # the writes while running
-        self._checkpoint_writing = False  # one is being written (close waits for it)
-        self._saved_seq = 0  # the sequence the checkpoint file holds, as far as we know
-        self._resets = 0  # times the bucket stream was found made anew
+        self.checkpoints = (
+            None
+            if checkpoint_path is None
+            else Checkpoints(
+                checkpoint_path,
+                checkpoint_every,
+                bucket=bucket,
+                cache=cache,
+                metrics=metrics,
+                watched=self,
+            )
+        )
         self._cleanups: set[asyncio.Task[None]] = set()
         self.on_reconnected: Callable[[], None] | None = None  # after the watch is restarted
 
@@ -167,12 +169,12 @@ class NatsSource:
         await ensure_bucket(self.js, self.bucket, self.replicas)
         await ensure_control_stream(self.js, self.replicas)
         await self._report_durability()
-        if self.checkpoint_path is not None:
-            await self._restore(self.checkpoint_path)
+        if self.checkpoints is not None:
+            await self._restore(self.checkpoints)
         await self._watch()
         self._check_task = asyncio.create_task(self._check_watch())
-        if self.checkpoint_path is not None and self.checkpoint_every > 0:
-            self._checkpoints = asyncio.create_task(self._checkpoint_now_and_then())
+        if self.checkpoints is not None:
+            self.checkpoints.start()
 
     async def _report_durability(self) -> None:
         """Metrics and one log line: what an acknowledged write survives.
@@ -210,133 +212,22 @@ class NatsSource:
         else:
             log.info("%s", line)
 
-    async def _restore(self, path: Path) -> None:
+    async def _restore(self, checkpoints: Checkpoints) -> None:
         """Fill the cache from a checkpoint of this stream, so the watch resumes after it."""
-        checkpoint.remove_leftovers(path)
         info = await self.js.stream_info(self.stream)
-        started = time.perf_counter()
-        saved = checkpoint.read(
-            path,
-            bucket=self.bucket,
-            stream_created=_created(info),
-            last_seq=info.state.last_seq,
-        )
-        if saved is None:
-            return
-        try:
-            held = self.cache.restore(saved.task_ids, saved.packed)
-        except ValueError as exc:
-            checkpoint.set_aside(path, f"holds a value that is not a task ({exc})")
-            return
-        self._applied_seq = self._seen_seq = self._saved_seq = saved.seq
-        self._stream_created = _created(info)  # the stream the file was checked against
-        log.info(
-            "checkpoint: %d tasks as of stream sequence %d read in %.2f s (%d expired since); "
-            "reading the %d messages after it",
-            held,
-            saved.seq,
-            time.perf_counter() - started,
-            len(saved.task_ids) - held,
-            info.state.last_seq - saved.seq,
-        )
+        created = _created(info)
+        seq = checkpoints.restore(created, info.state.last_seq)
+        if seq is not None:
+            self._applied_seq = self._seen_seq = seq
+            self._stream_created = created  # the stream the file was checked against
 
-    async def _checkpoint_now_and_then(self) -> None:
-        """Write a checkpoint every `checkpoint_every` seconds (spaced out by the last
-        one's duration) while the hub is ready and its watch applied something new."""
-        pause = self.checkpoint_every
-        while not self._closing:
-            await asyncio.sleep(pause)
-            if not self.ready or self._applied_seq == self._saved_seq:
-                continue
-            started = time.perf_counter()
-            self._checkpoint_writing = True
-            try:
-                await self._write_checkpoint()
-            except Exception:  # a bug, not the disk: say so, and keep the next ones coming
-                self.metrics.checkpoint_failures.inc()
-                log.exception("checkpoint %s not written", self.checkpoint_path)
-            finally:
-                self._checkpoint_writing = False
-            pause = max(self.checkpoint_every, CHECKPOINT_SPACING * (time.perf_counter() - started))
+    @property
+    def applied_seq(self) -> int:
+        return self._applied_seq
 
-    async def _write_checkpoint(self) -> None:
-        """Write the cache a slice per loop turn, so the hub keeps answering meanwhile.
-
-        The file says "complete up to the sequence applied when it began", while each
-        slice holds its tasks as they are when it is written: never older than at that
-        sequence. That is enough: on restart the watch resumes after that sequence, and
-        with history 1 the stream still holds the latest message of every key changed
-        since, so each task comes back to its latest state (a value already held again is
-        the same message twice, and ignored). A bucket made anew meanwhile, or the hub
-        closing, abandons the file.
-        """
-        assert self.checkpoint_path is not None
-        seq, created, resets = self._applied_seq, self._stream_created, self._resets
-        started = time.perf_counter()
-        task_ids = self.cache.task_ids()
-        try:
-            writer = checkpoint.Writer(
-                self.checkpoint_path, bucket=self.bucket, stream_created=created, seq=seq
-            )
-            try:
-                for start in range(0, len(task_ids), checkpoint.SLICE):
-                    await asyncio.sleep(0)  # the hub's other work between slices
-                    if self._closing or self._resets != resets:
-                        writer.abandon()
-                        return
-                    writer.add(*self.cache.packed_of(task_ids[start : start + checkpoint.SLICE]))
-            except BaseException:
-                writer.abandon()
-                raise
-            size = await asyncio.to_thread(writer.commit)  # the fsync: off the loop
-        except OSError as exc:
-            self._not_written(exc)
-            return
-        if self._resets == resets:  # else a file of the old stream: the next start sets it aside
-            self._written(seq, writer.count, size, started, "debug")
-
-    def save_checkpoint(self) -> None:
-        """Write the cache and the sequence it is complete up to, at once (at shutdown,
-        after the watch has stopped: nothing changes it while it is written). Nothing is
-        written when the file already holds that sequence."""
-        path = self.checkpoint_path
-        if path is None or not self._stream_created:
-            return
-        seq = self._applied_seq
-        if seq == self._saved_seq and path.exists():
-            log.info("checkpoint: %s already holds stream sequence %d", path, seq)
-            return
-        started = time.perf_counter()
-        task_ids, packed = self.cache.packed()
-        try:
-            size = checkpoint.write(
-                path,
-                bucket=self.bucket,
-                stream_created=self._stream_created,
-                seq=seq,
-                task_ids=task_ids,
-                packed=packed,
-            )
-        except OSError as exc:
-            self._not_written(exc)
-            return
-        self._written(seq, len(task_ids), size, started, "info")
-
-    def _written(self, seq: int, count: int, size: int, started: float, level: str) -> None:
-        self._saved_seq = seq
-        self.metrics.checkpoint_written.set(time.time())
-        getattr(log, level)(
-            "checkpoint: %d tasks as of stream sequence %d written to %s (%.1f MB, %.2f s)",
-            count,
-            seq,
-            self.checkpoint_path,
-            size / 1e6,
-            time.perf_counter() - started,
-        )
-
-    def _not_written(self, exc: OSError) -> None:
-        self.metrics.checkpoint_failures.inc()
-        log.warning("checkpoint %s not written: %s", self.checkpoint_path, exc)
+    @property
+    def stream_created(self) -> str:
+        return self._stream_created
 
     async def _check_watch(self) -> None:
         """Re-make a watch that stopped delivering while the connection lived.
@@ -398,9 +289,10 @@ class NatsSource:
             if self._applied_seq:
                 # The bucket was deleted and made anew: what we hold describes nothing.
                 log.warning("bucket stream was reset; re-reading every task")
-                self._resets += 1  # a checkpoint under way is of the old stream
+                if self.checkpoints is not None:
+                    self.checkpoints.made_anew()
                 self.cache.reset()
-                self._applied_seq = self._seen_seq = self._saved_seq = 0
+                self._applied_seq = self._seen_seq = 0
             config = api.ConsumerConfig(
                 deliver_policy=api.DeliverPolicy.LAST_PER_SUBJECT,
                 inactive_threshold=INACTIVE_CONSUMER_S,
@@ -550,19 +442,16 @@ class NatsSource:
         for task in (self._catch_up_task, self._rewatch_task, self._check_task):
             if task is not None:
                 task.cancel()
-        if self._checkpoints is not None:
-            # A write under way stops at its next slice, or finishes its commit: a thread
-            # fsyncing the file must not have it taken away.
-            if not self._checkpoint_writing:
-                self._checkpoints.cancel()
-            await asyncio.gather(self._checkpoints, return_exceptions=True)
+        if self.checkpoints is not None:
+            await self.checkpoints.close()
         if self.nc is not None and not self.nc.is_closed:
             try:
                 await self.nc.drain()
             except Exception as exc:
                 log.warning("NATS drain failed: %s", exc)
         self.metrics.ready.set(0)
-        self.save_checkpoint()
+        if self.checkpoints is not None:
+            self.checkpoints.save()
 
     async def _discard(self, sub: Any) -> None:
         """Unsubscribe a watch now; delete its consumer in the background, since its node
