@@ -18,7 +18,7 @@ import pytest
 from nats.js.errors import KeyNotFoundError
 
 from bridge.jetstream import ensure_bucket
-from bridge.wire import kv_subject
+from bridge.wire import kv_stream, kv_subject
 from hub import checkpoint
 from tests.e2e.test_serve import free_port, taskhub_command
 from tests.helpers import HubHarness, envelope, eventually, new_task_id, start_hub
@@ -275,10 +275,19 @@ async def test_a_bucket_made_anew_while_running_is_what_the_next_checkpoint_hold
         new = [new_task_id() for _ in range(5)]
         for tid in new:
             await put(js, bucket, tid, envelope(tid))
-        cache = first.hub.cache
-        await eventually(lambda: sorted(cache.task_ids()) == sorted(new), timeout=30)
-        since = written.value()
-        await eventually(lambda: written.value() > since, timeout=20)
+        info = await js.stream_info(kv_stream(bucket))
+        assert info.created is not None
+
+        def holds_the_new_stream() -> bool:
+            saved_now = checkpoint.read(
+                saved,
+                bucket=bucket,
+                stream_created=info.created.isoformat(),
+                last_seq=info.state.last_seq,
+            )
+            return saved_now is not None and sorted(saved_now.task_ids) == sorted(new)
+
+        await eventually(holds_the_new_stream, timeout=30)
     finally:
         await first.stop()
     second = await started(nats_url, bucket, tmp_path / "b", saved)
