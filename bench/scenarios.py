@@ -420,6 +420,7 @@ async def cold_start(h: Harness, s: Sizes, repeat: int) -> Metrics:
             "rss_per_task": (rss - idle_rss) / s.cold_tasks,
         }
 
+    changed = max(1, s.cold_tasks // 100)  # tasks changed before each restart
     runs: list[Metrics] = []
     for rep in range(repeat):
         hub, run = await started("cold-start", None)
@@ -435,7 +436,7 @@ async def cold_start(h: Harness, s: Sizes, repeat: int) -> Metrics:
     stop_seconds = time.perf_counter() - stopping
     restarts: list[Metrics] = []
     for rep in range(repeat):
-        await writer.call("populate", 600, count=max(1, s.cold_tasks // 100), in_flight=1000)
+        await writer.call("populate", 600, count=changed, in_flight=1000)
         hub, run = await started("restart", saved)
         await h.stop(hub, grace=120)
         h.log(f"cold_start restart #{rep + 1}: ready in {run['seconds']:.2f} s")
@@ -443,7 +444,7 @@ async def cold_start(h: Harness, s: Sizes, repeat: int) -> Metrics:
     # A power cut: the checkpoint the running hub wrote itself, then SIGKILL (no stop),
     # and a hundredth of the tasks changed after it, which only NATS still has.
     hub, _ = await started("before-crash", saved, every=1.0)
-    await writer.call("populate", 600, count=max(1, s.cold_tasks // 100), in_flight=1000)
+    await writer.call("populate", 600, count=changed, in_flight=1000)
     written = saved.stat().st_mtime_ns
     deadline = time.monotonic() + 300
     while saved.stat().st_mtime_ns == written:
@@ -452,7 +453,7 @@ async def cold_start(h: Harness, s: Sizes, repeat: int) -> Metrics:
         await asyncio.sleep(0.1)
     os.kill(hub.child.pid, signal.SIGKILL)
     await h.stop(hub)
-    await writer.call("populate", 600, count=max(1, s.cold_tasks // 100), in_flight=1000)
+    await writer.call("populate", 600, count=changed, in_flight=1000)
     hub, crashed = await started("after-crash", saved)
     await h.stop(hub, grace=120)
     await h.close_worker(writer)

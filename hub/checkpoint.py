@@ -16,7 +16,7 @@ aside with one log line, and the hub reads the whole bucket as it would without 
 The format is records, each its length, its CRC-32 and a msgpack payload, after MAGIC: a
 head (bucket, stream, sequence, layout), then the tasks a slice per record, then an end
 record with their count. So a running hub writes a slice per event-loop turn and never
-holds the loop for the whole cache (hub/nats_source.py), and a file missing its end is
+holds the loop for the whole cache (hub/checkpoints.py), and a file missing its end is
 known to be cut short.
 
 Written atomically (a temporary file beside it, fsync, rename), mode 0600: it holds every

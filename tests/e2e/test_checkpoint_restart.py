@@ -28,6 +28,23 @@ async def put(js: Any, bucket: str, task_id: str, data: bytes) -> None:
     await js.publish(kv_subject(bucket, task_id), data)
 
 
+async def put_tasks(js: Any, bucket: str, count: int) -> list[str]:
+    """`count` new working tasks in the bucket; their ids."""
+    ids = [new_task_id() for _ in range(count)]
+    for tid in ids:
+        await put(js, bucket, tid, envelope(tid))
+    return ids
+
+
+async def running(
+    nats_url: str, bucket: str, tmp_path: Path, saved: Path, every: float
+) -> HubHarness:
+    """A hub that writes its checkpoint to `saved` every `every` seconds."""
+    return await start_hub(
+        nats_url, bucket, tmp_path / "a", checkpoint=saved, checkpoint_every=every
+    )
+
+
 async def started(nats_url: str, bucket: str, data_dir: Path, saved: Path) -> HubHarness:
     harness = await start_hub(nats_url, bucket, data_dir, checkpoint=saved)
     await harness.hub.source.wait_caught_up(10)
@@ -39,9 +56,7 @@ async def checkpointed(
 ) -> tuple[Path, list[str]]:
     """`count` tasks in the bucket, and the checkpoint a hub wrote of them at its stop."""
     saved = tmp_path / "snapshot"
-    ids = [new_task_id() for _ in range(count)]
-    for tid in ids:
-        await put(js, bucket, tid, envelope(tid))
+    ids = await put_tasks(js, bucket, count)
     first = await started(nats_url, bucket, tmp_path / "a", saved)
     await first.stop()
     return saved, ids
@@ -103,9 +118,7 @@ async def test_a_checkpoint_of_a_bucket_made_anew_is_not_trusted(
     # its sequence alone would not tell the streams apart.
     await js.delete_key_value(bucket)
     await ensure_bucket(js, bucket)
-    new = [new_task_id() for _ in range(6)]
-    for tid in new:
-        await put(js, bucket, tid, envelope(tid))
+    new = await put_tasks(js, bucket, 6)
 
     with caplog.at_level(logging.WARNING, "taskhub.checkpoint"):
         second = await started(nats_url, bucket, tmp_path / "b", saved)
@@ -147,12 +160,8 @@ async def test_a_hub_cut_off_mid_run_restarts_from_its_last_checkpoint_exactly(
     cut would leave it, with the writes after it, gives back exactly what the bucket holds."""
     monkeypatch.setattr(checkpoint, "SLICE", 1)  # a loop turn per task: writes land between
     saved = tmp_path / "snapshot"
-    ids = [new_task_id() for _ in range(400)]
-    for tid in ids:
-        await put(js, bucket, tid, envelope(tid))
-    first = await start_hub(
-        nats_url, bucket, tmp_path / "a", checkpoint=saved, checkpoint_every=0.05
-    )
+    ids = await put_tasks(js, bucket, 400)
+    first = await running(nats_url, bucket, tmp_path, saved, 0.05)
     kv = await js.key_value(bucket)
     stop = asyncio.Event()
 
@@ -207,9 +216,7 @@ async def test_taskhub_serve_killed_outright_restarts_from_its_checkpoint(
     js: Any, bucket: str, nats_url: str, tmp_path: Path
 ) -> None:
     saved = tmp_path / "snapshot"
-    ids = [new_task_id() for _ in range(30)]
-    for tid in ids:
-        await put(js, bucket, tid, envelope(tid))
+    ids = await put_tasks(js, bucket, 30)
     port = free_port()
     args = ["serve", "--port", str(port), "--nats-url", nats_url, "--bucket", bucket]
     args += ["--data-dir", str(tmp_path / "a"), "--checkpoint", str(saved)]
@@ -240,9 +247,7 @@ async def test_a_checkpoint_the_disk_refuses_is_counted_and_the_next_one_written
     tid = new_task_id()
     await put(js, bucket, tid, envelope(tid))
     folder.rmdir()  # gone after start-up checked it: every write fails
-    harness = await start_hub(
-        nats_url, bucket, tmp_path / "a", checkpoint=saved, checkpoint_every=0.05
-    )
+    harness = await running(nats_url, bucket, tmp_path, saved, 0.05)
     try:
         metrics = harness.hub.metrics
         await eventually(lambda: metrics.checkpoint_failures.value() >= 2, timeout=20)
@@ -259,12 +264,8 @@ async def test_a_bucket_made_anew_while_running_is_what_the_next_checkpoint_hold
     js: Any, bucket: str, nats_url: str, tmp_path: Path
 ) -> None:
     saved = tmp_path / "snapshot"
-    old = [new_task_id() for _ in range(5)]
-    for tid in old:
-        await put(js, bucket, tid, envelope(tid))
-    first = await start_hub(
-        nats_url, bucket, tmp_path / "a", checkpoint=saved, checkpoint_every=0.05
-    )
+    await put_tasks(js, bucket, 5)  # the old stream's
+    first = await running(nats_url, bucket, tmp_path, saved, 0.05)
     try:
         await first.hub.source.wait_caught_up(10)
         written = first.hub.metrics.checkpoint_written
@@ -272,9 +273,7 @@ async def test_a_bucket_made_anew_while_running_is_what_the_next_checkpoint_hold
         # As many messages as before: the new stream reaches the sequence the file holds.
         await js.delete_key_value(bucket)
         await ensure_bucket(js, bucket)
-        new = [new_task_id() for _ in range(5)]
-        for tid in new:
-            await put(js, bucket, tid, envelope(tid))
+        new = await put_tasks(js, bucket, 5)
         info = await js.stream_info(kv_stream(bucket))
         assert info.created is not None
 
@@ -303,12 +302,8 @@ async def test_a_stop_during_a_checkpoint_leaves_one_whole_file(
 ) -> None:
     monkeypatch.setattr(checkpoint, "SLICE", 1)  # a write takes hundreds of loop turns
     saved = tmp_path / "snapshot"
-    ids = [new_task_id() for _ in range(300)]
-    for tid in ids:
-        await put(js, bucket, tid, envelope(tid))
-    first = await start_hub(
-        nats_url, bucket, tmp_path / "a", checkpoint=saved, checkpoint_every=0.01
-    )
+    ids = await put_tasks(js, bucket, 300)
+    first = await running(nats_url, bucket, tmp_path, saved, 0.01)
     changing = True
 
     async def keep_changing() -> None:  # so that checkpoints keep coming
