@@ -142,31 +142,53 @@ def expires_at(created_at: str, ttl_ms: int | None) -> float | None:
     return parse_timestamp(created_at).timestamp() + ttl_ms / 1000
 
 
+# Each status carries exactly its own variant field (H39): which of inputRequests, result
+# and error it must have.
+_VARIANTS = ("inputRequests", "result", "error")
+_CARRIES = {
+    "working": (False, False, False),
+    "input_required": (True, False, False),
+    "completed": (False, True, False),
+    "failed": (False, False, True),
+    "cancelled": (False, False, False),
+}
+
+
 def check_task(task: DetailedTask) -> None:
     """Raise InvalidEnvelope unless `task` is a well-formed DetailedTask variant."""
+    _checked_created_at(task)
+
+
+def _checked_created_at(task: DetailedTask) -> datetime:
+    """check_task, returning the createdAt it parsed."""
     if not is_task_id(task.taskId):
         raise InvalidEnvelope("taskId does not match [A-Za-z0-9_-]{16,128}")
-    for name in ("createdAt", "lastUpdatedAt"):
-        try:
-            parse_timestamp(getattr(task, name))
-        except ValueError as exc:
-            raise InvalidEnvelope(f"{name} is not an ISO 8601 timestamp: {exc}") from None
-    # Each status carries exactly its own variant field (H39).
-    expected = {
-        "input_required": "inputRequests",
-        "completed": "result",
-        "failed": "error",
-    }.get(task.status)
-    for name in ("inputRequests", "result", "error"):
-        present = getattr(task, name) is not UNSET
-        if name == expected and not present:
-            raise InvalidEnvelope(f"status {task.status!r} requires {name!r}")
-        if name != expected and present:
-            raise InvalidEnvelope(f"status {task.status!r} must not carry {name!r}")
+    try:
+        created = parse_timestamp(task.createdAt)
+    except ValueError as exc:
+        raise InvalidEnvelope(f"createdAt is not an ISO 8601 timestamp: {exc}") from None
+    try:
+        parse_timestamp(task.lastUpdatedAt)
+    except ValueError as exc:
+        raise InvalidEnvelope(f"lastUpdatedAt is not an ISO 8601 timestamp: {exc}") from None
+    carried = (task.inputRequests is not UNSET, task.result is not UNSET, task.error is not UNSET)
+    wanted = _CARRIES[task.status]
+    if carried != wanted:
+        for name, present, expected in zip(_VARIANTS, carried, wanted, strict=True):
+            if expected and not present:
+                raise InvalidEnvelope(f"status {task.status!r} requires {name!r}")
+            if present and not expected:
+                raise InvalidEnvelope(f"status {task.status!r} must not carry {name!r}")
+    return created
 
 
 def decode_envelope(key: str, data: bytes) -> Envelope:
     """Decode and validate one KV value stored under `key`."""
+    return decode_stored(key, data)[0]
+
+
+def decode_stored(key: str, data: bytes) -> tuple[Envelope, float | None]:
+    """`decode_envelope`, and the task's `expires_at` from the same parse of createdAt."""
     try:
         envelope = _envelope_decoder.decode(data)
     except (msgspec.ValidationError, msgspec.DecodeError) as exc:
@@ -175,10 +197,12 @@ def decode_envelope(key: str, data: bytes) -> Envelope:
         raise InvalidEnvelope("owner is empty")
     if SERVER_ID_RE.fullmatch(envelope.server) is None:
         raise InvalidEnvelope("server does not match [A-Za-z0-9_-]{1,64}")
-    check_task(envelope.task)
-    if envelope.task.taskId != key:
+    task = envelope.task
+    created = _checked_created_at(task)
+    if task.taskId != key:
         raise KeyMismatch("taskId does not match its key")
-    return envelope
+    ttl_ms = task.ttlMs
+    return envelope, None if ttl_ms is None else created.timestamp() + ttl_ms / 1000
 
 
 class UpdateMessage(Struct, tag_field="op", tag="update"):

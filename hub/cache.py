@@ -27,10 +27,9 @@ from bridge.wire import (
     TERMINAL,
     InvalidEnvelope,
     KeyMismatch,
-    decode_envelope,
+    decode_stored,
     encode,
 )
-from bridge.wire import expires_at as task_expires_at  # `expires_at` names a field here
 from hub.jsonrpc import line_safe
 
 # A deleted key remembers its delete revision this long, so a slower read-through of
@@ -232,19 +231,14 @@ class TaskCache:
     def apply_put(self, key: str, revision: int, data: bytes) -> TaskSnapshot | None:
         """Ingest one KV value; returns the new snapshot if it was accepted."""
         try:
-            envelope = decode_envelope(key, data)
+            envelope, expires_at = decode_stored(key, data)
         except KeyMismatch:
             self._reject(Rejected.KEY_MISMATCH)
             return None
-        except InvalidEnvelope:
+        except (InvalidEnvelope, ValueError, OverflowError):
             self._reject(Rejected.MALFORMED)
             return None
         task = envelope.task
-        try:
-            expires_at = task_expires_at(task.createdAt, task.ttlMs)
-        except ValueError:
-            self._reject(Rejected.MALFORMED)
-            return None
 
         tombstone = self._tombstones.get(key)
         if tombstone is not None and revision <= tombstone[0]:
@@ -364,10 +358,10 @@ def pack(snapshot: TaskSnapshot) -> bytes:
     expires_at, poll = snapshot.expires_at, snapshot.poll_interval_ms
     long = len(owner) >= _LONG_MARK or len(server) >= _LONG_MARK
     status = _STATUS_INDEX[snapshot.status]
-    body: bytes | memoryview = snapshot.body
+    body = snapshot.body
     opening = b"".join((_ID_OPEN, snapshot.task_id.encode(), _ID_CLOSE))
-    if snapshot.body.startswith(opening):
-        body = memoryview(snapshot.body)[len(opening) :]
+    if body.startswith(opening):
+        body = body[len(opening) :]  # a copy, but cheaper than a memoryview of it
         status |= _ID_LEFT_OUT
     head = PACKED.pack(
         snapshot.revision,
