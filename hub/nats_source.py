@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import time
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
@@ -42,6 +43,7 @@ from bridge.wire import (
 )
 from hub.cache import TaskCache, TaskSnapshot
 from hub.checkpoints import Checkpoints
+from hub.first_read import FirstRead, header_map
 from hub.metrics import Metrics
 
 log = logging.getLogger("taskhub.nats")
@@ -90,7 +92,9 @@ def _sequence_and_pending(msg: Msg) -> tuple[int, int]:
     tokens = (msg.reply or "").split(".")
     if len(tokens) == 9:  # $JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.<cseq>.<ts>.<pending>
         return int(tokens[5]), int(tokens[8])
-    meta = msg.metadata  # the longer form, with domain and account hash
+    if len(tokens) >= 11 and tokens[0] == "$JS":  # with domain and account hash (2.10+)
+        return int(tokens[7]), int(tokens[10])
+    meta = msg.metadata  # raises: not a JetStream message
     return meta.sequence.stream, meta.num_pending
 
 
@@ -117,6 +121,7 @@ class NatsSource:
         self.nats_options = nats_options or {}
         self.monitor_url = monitor_url  # NATS monitoring, for the sync policy
         self.nats_url = nats_url
+        self._servers = [url.strip() for url in nats_url.split(",") if url.strip()]
         self.bucket = bucket
         self.stream = kv_stream(bucket)
         self.cache = cache
@@ -132,6 +137,8 @@ class NatsSource:
         self._seen_seq = 0  # highest stream sequence any store answer showed
         self._stream_created = ""  # the bucket stream's creation time, as of the last watch
         self._catch_up_task: asyncio.Task[None] | None = None
+        self._first_read_task: asyncio.Task[None] | None = None
+        self._first_read_tried = False  # once per bucket stream: if it fails, the watch reads
         self._closing = False
         self._rewatch_task: asyncio.Task[None] | None = None
         self._check_task: asyncio.Task[None] | None = None
@@ -156,7 +163,7 @@ class NatsSource:
 
     async def start(self) -> None:
         self.nc = await nats.connect(
-            servers=[url.strip() for url in self.nats_url.split(",") if url.strip()],
+            servers=self._servers,
             name="taskhub",
             max_reconnect_attempts=-1,
             reconnect_time_wait=0.5,
@@ -293,6 +300,12 @@ class NatsSource:
                     self.checkpoints.made_anew()
                 self.cache.reset()
                 self._applied_seq = self._seen_seq = 0
+                self._first_read_tried = False
+            if last_seq and not self._first_read_tried:
+                # Nothing cached: read every task in bulk first, then watch from there.
+                self._first_read_tried = True
+                self._first_read_task = asyncio.create_task(self._read_first(last_seq))
+                return
             config = api.ConsumerConfig(
                 deliver_policy=api.DeliverPolicy.LAST_PER_SUBJECT,
                 inactive_threshold=INACTIVE_CONSUMER_S,
@@ -314,17 +327,53 @@ class NatsSource:
         else:
             self._catch_up_task = asyncio.create_task(self._confirm_catch_up())
 
-    async def _rewatch(self) -> None:
+    async def _read_first(self, last_seq: int) -> None:
+        """Every task in bulk (hub/first_read.py); then the watch, from where it stopped."""
+        started = time.perf_counter()
+        reader = FirstRead(self.js, self.stream, self.bucket, self._apply_frame)
+        try:
+            await reader.run(self._servers, self.nats_options, last_seq)
+        except Exception as exc:  # NATS unreachable, the consumer refused: the watch reads
+            reader.ended_early = reader.ended_early or f"{type(exc).__name__}: {exc}"
+        finally:
+            if reader.consumer:
+                self._forget_consumer(reader.consumer)
+        seconds = time.perf_counter() - started
+        if reader.ended_early:
+            log.warning(
+                "first read ended early after %d messages in %.2f s (%s); the watch reads the rest",
+                reader.count,
+                seconds,
+                reader.ended_early,
+            )
+        else:
+            log.info("first read: %d messages in %.2f s", reader.count, seconds)
+        self._restart_watch(counted=False)
+
+    def _apply_frame(self, key: str, seq: int, headers: bytes | None, data: bytes) -> None:
+        self._apply(key, seq, is_removal(header_map(headers)), data)
+
+    def _apply(self, key: str, seq: int, removed: bool, data: bytes) -> None:
+        if removed:
+            self.cache.apply_delete(key, seq)
+        elif self.cache.apply_put(key, seq, data) is not None:
+            self.metrics.kv_updates.inc()
+        if seq > self._applied_seq:
+            self._applied_seq = seq
+
+    async def _rewatch(self, counted: bool = True) -> None:
         """After a reconnect: drop the old consumer and resume from the last applied value."""
         while not self._closing:
             old, self._sub = self._sub, None
-            if self._catch_up_task is not None:
-                self._catch_up_task.cancel()
+            for task in (self._catch_up_task, self._first_read_task):
+                if task is not None and task is not asyncio.current_task():
+                    task.cancel()
             try:
                 if old is not None:
                     await self._discard(old)
                 await self._watch()
-                self.metrics.rewatches.inc()
+                if counted:
+                    self.metrics.rewatches.inc()
                 return
             except Exception as exc:
                 log.warning("re-watch failed (%s); retrying", type(exc).__name__)
@@ -351,12 +400,8 @@ class NatsSource:
 
     async def _on_msg(self, msg: Msg) -> None:
         seq, pending = _sequence_and_pending(msg)
-        key = msg.subject[len(self.bucket) + 5 :]  # strip "$KV.<bucket>."
-        if is_removal(msg.headers):
-            self.cache.apply_delete(key, seq)
-        elif self.cache.apply_put(key, seq, msg.data) is not None:
-            self.metrics.kv_updates.inc()
-        self._applied_seq = max(self._applied_seq, seq)
+        # The key: the subject without "$KV.<bucket>."
+        self._apply(msg.subject[len(self.bucket) + 5 :], seq, is_removal(msg.headers), msg.data)
         if not self._caught_up.is_set() and (
             pending == 0 or self._applied_seq >= self._catch_up_seq
         ):
@@ -439,7 +484,12 @@ class NatsSource:
 
     async def close(self) -> None:
         self._closing = True
-        for task in (self._catch_up_task, self._rewatch_task, self._check_task):
+        for task in (
+            self._catch_up_task,
+            self._first_read_task,
+            self._rewatch_task,
+            self._check_task,
+        ):
             if task is not None:
                 task.cancel()
         if self.checkpoints is not None:
@@ -467,6 +517,17 @@ class NatsSource:
             name = (await sub.consumer_info()).name
             await self.js.delete_consumer(self.stream, name)
 
+    def _forget_consumer(self, name: str) -> None:
+        """Delete a consumer in the background (its node may be slow or gone)."""
+
+        async def delete() -> None:
+            with contextlib.suppress(Exception):
+                await self.js.delete_consumer(self.stream, name)
+
+        task = asyncio.create_task(delete())
+        self._cleanups.add(task)
+        task.add_done_callback(self._cleanups.discard)
+
     async def _on_disconnected(self) -> None:
         if not self._closing:
             log.warning("NATS disconnected")
@@ -478,12 +539,12 @@ class NatsSource:
         if self.on_reconnected is not None:
             self.on_reconnected()
 
-    def _restart_watch(self) -> None:
+    def _restart_watch(self, counted: bool = True) -> None:
         """Not ready until the cache has caught up with what changed meanwhile."""
         self._caught_up.clear()
         self.metrics.ready.set(0)
         if self._rewatch_task is None or self._rewatch_task.done():
-            self._rewatch_task = asyncio.create_task(self._rewatch())
+            self._rewatch_task = asyncio.create_task(self._rewatch(counted))
 
     async def _on_error(self, exc: Exception) -> None:
         log.warning("NATS error: %s", exc)

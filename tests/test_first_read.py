@@ -1,0 +1,144 @@
+"""The first read's frame cutter and its bookkeeping, fed the bytes NATS sends."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hub.first_read import FirstRead, Frame, FrameCutter, header_map
+
+V1 = b"$JS.ACK.KV_b.c1.1.%d.%d.1700000000000000000.%d"
+V2 = b"$JS.ACK._.ACC.KV_b.c1.1.%d.%d.1700000000000000000.%d.tok"
+
+
+def msg(subject: bytes, reply: bytes, payload: bytes) -> bytes:
+    reply_part = b" " + reply if reply else b""
+    return b"MSG %s 1%s %d\r\n%s\r\n" % (subject, reply_part, len(payload), payload)
+
+
+def hmsg(subject: bytes, reply: bytes, headers: bytes, payload: bytes) -> bytes:
+    reply_part = b" " + reply if reply else b""
+    sizes = b"%d %d" % (len(headers), len(headers) + len(payload))
+    return b"HMSG %s 1%s %s\r\n%s%s\r\n" % (subject, reply_part, sizes, headers, payload)
+
+
+def frames_and_wire(count: int) -> tuple[list[Frame], bytes]:
+    """`count` frames of every shape (with and without reply and headers, empty payloads,
+    payloads holding CRLF and protocol words), and the bytes NATS would send for them."""
+    frames: list[Frame] = []
+    wire = b""
+    for i in range(count):
+        subject = b"$KV.b.task-%06d-xxxxxxxxxx" % i
+        reply = b"" if i % 7 == 3 else V2 % (i + 1, i + 1, count - i - 1)
+        payload = [b'{"a":%d}' % i, b"", b"MSG x 1 3\r\nabc\r\n", b"HMSG\r\n\r\n"][i % 4]
+        if i % 3 == 0:
+            headers = b"NATS/1.0\r\nKV-Operation: DEL\r\n\r\n"
+            frames.append((subject, reply, headers, payload))
+            wire += hmsg(subject, reply, headers, payload)
+        else:
+            frames.append((subject, reply, None, payload))
+            wire += msg(subject, reply, payload)
+    return frames, wire
+
+
+@settings(max_examples=200, deadline=None)
+@given(cuts=st.lists(st.integers(min_value=0, max_value=4000), max_size=40))
+def test_frames_come_out_whole_and_in_order_however_the_bytes_are_cut(cuts: list[int]) -> None:
+    expected, wire = frames_and_wire(24)
+    got: list[Frame] = []
+    cutter = FrameCutter(None, got.extend)  # type: ignore[arg-type]  # no control lines here
+    bounds = sorted({min(cut, len(wire)) for cut in cuts} | {0, len(wire)})
+
+    async def feed() -> None:
+        for start, end in itertools.pairwise(bounds):
+            await cutter.parse(wire[start:end])
+
+    asyncio.run(feed())
+    assert got == expected
+    assert cutter.buf == b""
+
+
+def test_only_removal_headers_are_parsed() -> None:
+    assert header_map(None) is None
+    assert header_map(b"NATS/1.0\r\nNats-Expected-Stream: KV_b\r\n\r\n") is None
+    assert header_map(b"NATS/1.0\r\nKV-Operation: PURGE\r\nNats-Rollup: sub\r\n\r\n") == {
+        "KV-Operation": "PURGE",
+        "Nats-Rollup": "sub",
+    }
+    assert header_map(b"NATS/1.0\r\nNats-Marker-Reason: MaxAge\r\n\r\n") == {
+        "Nats-Marker-Reason": "MaxAge"
+    }
+
+
+def reader(applied: list[tuple[str, int]]) -> FirstRead:
+    first = FirstRead(None, "KV_b", "b", lambda key, seq, headers, data: applied.append((key, seq)))
+    first._stop_seq = 1_000
+    return first
+
+
+def test_both_reply_subject_forms_give_sequence_and_pending() -> None:
+    for form in (V1, V2):
+        applied: list[tuple[str, int]] = []
+        first = reader(applied)
+        first._take([(b"$KV.b.k1", form % (5, 1, 2), None, b"{}")])
+        first._take([(b"$KV.b.k2", form % (9, 2, 1), None, b"{}")])
+        first._take([(b"$KV.b.k3", form % (12, 3, 0), None, b"{}")])
+        assert applied == [("k1", 5), ("k2", 9), ("k3", 12)]
+        assert (first.applied, first.count, first.ended_early) == (12, 3, "")
+        assert first._done.is_set()  # nothing pending after the third
+
+
+def test_the_stream_sequence_it_was_made_at_ends_the_read() -> None:
+    applied: list[tuple[str, int]] = []
+    first = reader(applied)
+    first._stop_seq = 9
+    first._take(
+        [(b"$KV.b.k1", V2 % (9, 1, 40), None, b"{}"), (b"$KV.b.k2", V2 % (50, 2, 39), None, b"")]
+    )
+    assert applied == [("k1", 9)]
+    assert first._done.is_set() and first.ended_early == ""
+
+
+def test_a_gap_in_the_consumer_sequence_ends_the_read_before_it() -> None:
+    applied: list[tuple[str, int]] = []
+    first = reader(applied)
+    first._take(
+        [
+            (b"$KV.b.k1", V2 % (5, 1, 9), None, b"{}"),
+            (b"$KV.b.k3", V2 % (8, 3, 7), None, b"{}"),  # the second was lost
+            (b"$KV.b.k4", V2 % (9, 4, 6), None, b"{}"),
+        ]
+    )
+    assert applied == [("k1", 5)] and first.applied == 5
+    assert first.ended_early == "consumer sequence 3 after 1"
+    first._take([(b"$KV.b.k5", V2 % (10, 5, 5), None, b"{}")])
+    assert applied == [("k1", 5)]  # nothing after the end
+
+
+def test_a_status_message_ends_the_read() -> None:
+    applied: list[tuple[str, int]] = []
+    first = reader(applied)
+    status = b"NATS/1.0 409 Consumer Deleted\r\n\r\n"
+    first._take([(b"_INBOX.x", b"", status, b""), (b"$KV.b.k1", V2 % (5, 1, 0), None, b"")])
+    assert applied == []
+    assert first.ended_early == "status 'NATS/1.0 409 Consumer Deleted'"
+
+
+def test_a_failing_apply_ends_the_read_and_keeps_what_came_before() -> None:
+    seen: list[int] = []
+
+    def apply(key: str, seq: int, headers: bytes | None, data: bytes) -> None:
+        if data == b"boom":
+            raise RuntimeError("boom")
+        seen.append(seq)
+
+    first = FirstRead(None, "KV_b", "b", apply)
+    first._stop_seq = 100
+    first._take(
+        [(b"$KV.b.k1", V1 % (3, 1, 5), None, b"{}"), (b"$KV.b.k2", V1 % (4, 2, 4), None, b"boom")]
+    )
+    assert seen == [3] and first.applied == 3
+    assert first.ended_early == "RuntimeError: boom"
