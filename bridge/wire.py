@@ -135,11 +135,13 @@ def parse_timestamp(value: str) -> datetime:
 
 def expires_at(created_at: str, ttl_ms: int | None) -> float | None:
     """Epoch seconds at which a task with this `createdAt` and `ttlMs` expires; None for
-    an unlimited one. In float seconds: a legal ttlMs (up to 2**53 - 1) can pass
-    datetime's year 9999."""
-    if ttl_ms is None:
-        return None
-    return parse_timestamp(created_at).timestamp() + ttl_ms / 1000
+    an unlimited one."""
+    return _expiry(parse_timestamp(created_at), ttl_ms)
+
+
+def _expiry(created: datetime, ttl_ms: int | None) -> float | None:
+    # A float: a legal ttlMs (up to 2**53 - 1) can pass datetime's year 9999.
+    return None if ttl_ms is None else created.timestamp() + ttl_ms / 1000
 
 
 # Each status carries exactly its own variant field (H39): which of inputRequests, result
@@ -201,8 +203,7 @@ def decode_stored(key: str, data: bytes) -> tuple[Envelope, float | None]:
     created = _checked_created_at(task)
     if task.taskId != key:
         raise KeyMismatch("taskId does not match its key")
-    ttl_ms = task.ttlMs
-    return envelope, None if ttl_ms is None else created.timestamp() + ttl_ms / 1000
+    return envelope, _expiry(created, task.ttlMs)
 
 
 class UpdateMessage(Struct, tag_field="op", tag="update"):

@@ -25,7 +25,6 @@ import msgspec
 
 from bridge.wire import (
     TERMINAL,
-    InvalidEnvelope,
     KeyMismatch,
     decode_stored,
     encode,
@@ -235,7 +234,7 @@ class TaskCache:
         except KeyMismatch:
             self._reject(Rejected.KEY_MISMATCH)
             return None
-        except (InvalidEnvelope, ValueError, OverflowError):
+        except ValueError:  # InvalidEnvelope, or an expiry the clock cannot hold
             self._reject(Rejected.MALFORMED)
             return None
         task = envelope.task

@@ -170,10 +170,10 @@ class FirstRead:
             request = json.dumps({"batch": BATCH}).encode()
             asked = 0
             while not self._done.is_set():
+                self._progress.clear()  # before asking: frames may come while we ask
                 while asked < self._delivered + 2 * BATCH:
                     await nc.publish(subject, request, reply=inbox)
                     asked += BATCH
-                self._progress.clear()
                 try:
                     await asyncio.wait_for(self._progress.wait(), STALL_S)
                 except TimeoutError:

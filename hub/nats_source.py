@@ -366,7 +366,7 @@ class NatsSource:
         while not self._closing:
             old, self._sub = self._sub, None
             for task in (self._catch_up_task, self._first_read_task):
-                if task is not None and task is not asyncio.current_task():
+                if task is not None:
                     task.cancel()
             try:
                 if old is not None:
@@ -508,25 +508,18 @@ class NatsSource:
         may be dead and a re-watch must not wait for that request to time out."""
         with contextlib.suppress(Exception):
             await sub.unsubscribe()
-        task = asyncio.create_task(self._delete_consumer(sub))
+        self._forget_consumer(sub)
+
+    def _forget_consumer(self, consumer: Any) -> None:
+        """Delete a consumer (a watch's subscription, or a name) in the background."""
+        task = asyncio.create_task(self._delete_consumer(consumer))
         self._cleanups.add(task)
         task.add_done_callback(self._cleanups.discard)
 
-    async def _delete_consumer(self, sub: Any) -> None:
+    async def _delete_consumer(self, consumer: Any) -> None:
         with contextlib.suppress(Exception):
-            name = (await sub.consumer_info()).name
+            name = consumer if isinstance(consumer, str) else (await consumer.consumer_info()).name
             await self.js.delete_consumer(self.stream, name)
-
-    def _forget_consumer(self, name: str) -> None:
-        """Delete a consumer in the background (its node may be slow or gone)."""
-
-        async def delete() -> None:
-            with contextlib.suppress(Exception):
-                await self.js.delete_consumer(self.stream, name)
-
-        task = asyncio.create_task(delete())
-        self._cleanups.add(task)
-        task.add_done_callback(self._cleanups.discard)
 
     async def _on_disconnected(self) -> None:
         if not self._closing:
