@@ -308,9 +308,10 @@ class Harness:
         output = self.profile_dir / f"{label}.txt"
         return await profile.Recording.start(server.child.pid, output, seconds, self.env)
 
-    async def report_profile(self, recording: profile.Recording | None) -> None:
+    async def report_profile(self, recording: profile.Recording | None, now: bool = False) -> None:
+        """Summarise a recording once py-spy has written it (`now`: stop it first)."""
         if recording is not None:
-            summary = await recording.finish()
+            summary = await recording.finish(now=now)
             head = "\n".join(summary.splitlines()[:14])
             self.log(f"profile {recording.output.stem} ({recording.output}):\n{head}")
 

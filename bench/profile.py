@@ -11,7 +11,10 @@ py-spy is optional (`pip install py-spy`); without it `--profile` only warns.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
 import shutil
+import signal
 from collections import Counter
 from pathlib import Path
 
@@ -44,8 +47,12 @@ class Recording:
         log = output.with_suffix(".log")
         return cls(await Child.start("py-spy", args, log, cwd=output.parent, env=env), output)
 
-    async def finish(self, timeout: float = 30.0) -> str:
-        """Wait for py-spy to write its file; the summary (or why there is none)."""
+    async def finish(self, timeout: float = 30.0, *, now: bool = False) -> str:
+        """Wait for py-spy to write its file (`now`: stop it sampling first, as Ctrl-C
+        does, so it writes what it has); the summary (or why there is none)."""
+        if now and self.child.process.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.child.process.pid, signal.SIGINT)
         try:
             await asyncio.wait_for(self.child.process.wait(), timeout)
         except TimeoutError:

@@ -408,10 +408,11 @@ async def cold_start(h: Harness, s: Sizes, repeat: int) -> Metrics:
         hub = await h.start_hub(
             bucket, max_streams=100, wait=False, checkpoint=saved, checkpoint_every=every
         )
-        recording = await h.record(hub, label, 2 + s.cold_tasks / 20_000)
+        # Sampled until ready, however long that takes (py-spy needs a duration).
+        recording = await h.record(hub, label, 600)
         await h.wait_ready(hub, timeout=600)
         rss = hub.child.rss_bytes()
-        await h.report_profile(recording)
+        await h.report_profile(recording, now=True)
         return hub, {
             "seconds": hub.ready_at - hub.spawned_at,
             "listening_seconds": hub.listening_at - hub.spawned_at,
