@@ -238,13 +238,16 @@ class TaskCache:
             self._reject(Rejected.MALFORMED)
             return None
         task = envelope.task
-
-        tombstone = self._tombstones.get(key)
-        if tombstone is not None and revision <= tombstone[0]:
-            self._reject(Rejected.STALE)
-            return None
-        current = self._current(key, keep=False)
         body = line_safe(encode(task))
+        current = None
+        # A task not held and never removed (every one, in a first read) needs none of
+        # the checks below.
+        if key in self._tasks or (self._tombstones and key in self._tombstones):
+            tombstone = self._tombstones.get(key)
+            if tombstone is not None and revision <= tombstone[0]:
+                self._reject(Rejected.STALE)
+                return None
+            current = self._current(key, keep=False)
         if current is not None:
             if revision == current.revision:
                 return None  # the same message twice (watch and read-through)
@@ -272,8 +275,8 @@ class TaskCache:
             poll_interval_ms=poll if isinstance(poll, int) else None,
         )
         self._tasks[key] = pack(snapshot)
-        self._recent.pop(key, None)
         if current is not None:
+            self._recent.pop(key, None)
             self._count(current, -1)
         self._count(snapshot, 1)
         if expires_at is not None and (current is None or current.expires_at != expires_at):

@@ -187,7 +187,8 @@ class FirstRead:
         """Apply a batch of frames, in order, up to the first that breaks the sequence."""
         if self._done.is_set():
             return
-        apply, prefix = self.apply, self._prefix
+        apply, prefix, stop_seq = self.apply, self._prefix, self._stop_seq
+        delivered = self._delivered
         try:
             for subject, reply, headers, payload in frames:
                 # $JS.ACK.<stream>.<consumer>.<n>.<sseq>.<cseq>.<ts>.<pending>, or with
@@ -199,20 +200,22 @@ class FirstRead:
                 if not self._cut_at:
                     self._cut_at = 5 if reply.count(b".") == 11 else 4
                 tokens = reply.rsplit(b".", self._cut_at)
-                seq, delivered, pending = int(tokens[1]), int(tokens[2]), int(tokens[4])
-                if delivered != self._delivered + 1:
-                    self._end(f"consumer sequence {delivered} after {self._delivered}")
+                if int(tokens[2]) != delivered + 1:
+                    self._end(f"consumer sequence {int(tokens[2])} after {delivered}")
                     return
-                self._delivered = delivered
+                delivered += 1
+                seq = int(tokens[1])
                 apply(subject[prefix:].decode(), seq, headers, payload)
                 self.applied = seq
                 self.count += 1
-                if pending == 0 or seq >= self._stop_seq:
+                if seq >= stop_seq or tokens[4] == b"0":  # delivered the last, or no more
                     self._done.set()
                     break
         except Exception as exc:  # a bug: end here, the watch reads the rest
             log.exception("first read failed on a message")
             self._end(f"{type(exc).__name__}: {exc}")
+        finally:
+            self._delivered = delivered
         self._progress.set()
 
     def _end(self, reason: str) -> None:

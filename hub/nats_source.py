@@ -351,7 +351,7 @@ class NatsSource:
         self._restart_watch(counted=False)
 
     def _apply_frame(self, key: str, seq: int, headers: bytes | None, data: bytes) -> None:
-        self._apply(key, seq, is_removal(header_map(headers)), data)
+        self._apply(key, seq, headers is not None and is_removal(header_map(headers)), data)
 
     def _apply(self, key: str, seq: int, removed: bool, data: bytes) -> None:
         if removed:
