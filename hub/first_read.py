@@ -67,12 +67,12 @@ class FrameCutter(Parser):
             eol = chunk.find(b"\r\n", pos)
             if eol < 0:
                 break
-            if chunk.startswith(b"MSG ", pos):
-                args = chunk[pos + 4 : eol].split()
-                header_size, reply = 0, args[2] if len(args) == 4 else b""
-            elif chunk.startswith(b"HMSG ", pos):
+            if chunk.startswith(b"HMSG ", pos):  # first: the bridge's writes carry headers
                 args = chunk[pos + 5 : eol].split()
                 header_size, reply = int(args[-2]), args[2] if len(args) == 5 else b""
+            elif chunk.startswith(b"MSG ", pos):
+                args = chunk[pos + 4 : eol].split()
+                header_size, reply = 0, args[2] if len(args) == 4 else b""
             else:
                 if frames:
                     self.sink(frames)
