@@ -34,13 +34,16 @@ class Recording:
 
     @classmethod
     async def start(cls, pid: int, output: Path, seconds: float, env: dict[str, str]) -> Recording:
+        # py-spy pauses the process for each sample (its default, blocking mode): a little
+        # of its time, and in exchange exact stacks. Read without pausing, a stack changes
+        # while it is read, and time lands on the wrong functions (in a scratch run at 1M
+        # tasks, 14% "self" on one measured at 0.16 µs a call).
         args = [
             shutil.which("py-spy") or "py-spy",
             "record",
             "--pid", str(pid),
             "--duration", str(max(1, round(seconds))),
             "--rate", "200",
-            "--nonblocking",
             "--format", "raw",
             "--output", str(output),
         ]  # fmt: skip
