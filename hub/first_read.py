@@ -35,6 +35,8 @@ from nats.aio.client import Client as NatsClient
 from nats.js import api
 from nats.protocol.parser import Parser
 
+from bridge.wire import is_removal
+
 log = logging.getLogger("taskhub.nats")
 
 # Messages per pull request. Two requests are outstanding: at most ~1.5 MB in flight, and
@@ -46,8 +48,8 @@ STALL_S = 5.0
 INACTIVE_S = 10.0
 
 Frame = tuple[bytes, bytes, bytes | None, bytes]  # subject, reply, headers, payload
-# Apply one message: key, stream sequence, its headers (raw) or None, its payload.
-Apply = Callable[[str, int, bytes | None, bytes], None]
+# Apply one message: key, stream sequence, whether it removes the key's task, its payload.
+Apply = Callable[[str, int, bool, bytes], None]
 
 
 class FrameCutter(Parser):
@@ -100,6 +102,11 @@ class FrameCutter(Parser):
             await super().parse()
         finally:
             self.buf = rest
+
+
+def removes(raw: bytes | None) -> bool:
+    """True when a frame's headers make it a removal, as `is_removal` reads nats-py's."""
+    return is_removal(header_map(raw))
 
 
 def header_map(raw: bytes | None) -> dict[str, str] | None:
@@ -188,7 +195,8 @@ class FirstRead:
         if self._done.is_set():
             return
         apply, prefix, stop_seq = self.apply, self._prefix, self._stop_seq
-        delivered = self._delivered
+        delivered = first = self._delivered
+        applied = self.applied
         try:
             for subject, reply, headers, payload in frames:
                 # $JS.ACK.<stream>.<consumer>.<n>.<sseq>.<cseq>.<ts>.<pending>, or with
@@ -203,18 +211,24 @@ class FirstRead:
                 if int(tokens[2]) != delivered + 1:
                     self._end(f"consumer sequence {int(tokens[2])} after {delivered}")
                     return
-                delivered += 1
                 seq = int(tokens[1])
-                apply(subject[prefix:].decode(), seq, headers, payload)
-                self.applied = seq
-                self.count += 1
+                # A put's headers (expected stream, TTL) name neither removal header: most
+                # frames are decided without parsing them.
+                removed = headers is not None and (
+                    (b"KV-Operation" in headers or b"Nats-Marker-Reason" in headers)
+                    and removes(headers)
+                )
+                apply(subject[prefix:].decode(), seq, removed, payload)
+                applied = seq
+                delivered += 1
                 if seq >= stop_seq or tokens[4] == b"0":  # delivered the last, or no more
                     self._done.set()
                     break
         except Exception as exc:  # a bug: end here, the watch reads the rest
             log.exception("first read failed on a message")
             self._end(f"{type(exc).__name__}: {exc}")
-        finally:
+        finally:  # every frame up to the one that ended the read or failed, not it
+            self.applied, self.count = applied, self.count + delivered - first
             self._delivered = delivered
         self._progress.set()
 

@@ -43,7 +43,7 @@ from bridge.wire import (
 )
 from hub.cache import TaskCache, TaskSnapshot
 from hub.checkpoints import Checkpoints
-from hub.first_read import FirstRead, header_map
+from hub.first_read import FirstRead
 from hub.metrics import Metrics
 
 log = logging.getLogger("taskhub.nats")
@@ -330,7 +330,7 @@ class NatsSource:
     async def _read_first(self, last_seq: int) -> None:
         """Every task in bulk (hub/first_read.py); then the watch, from where it stopped."""
         started = time.perf_counter()
-        reader = FirstRead(self.js, self.stream, self.bucket, self._apply_frame)
+        reader = FirstRead(self.js, self.stream, self.bucket, self._apply)
         try:
             await reader.run(self._servers, self.nats_options, last_seq)
         except Exception as exc:  # NATS unreachable, the consumer refused: the watch reads
@@ -349,9 +349,6 @@ class NatsSource:
         else:
             log.info("first read: %d messages in %.2f s", reader.count, seconds)
         self._restart_watch(counted=False)
-
-    def _apply_frame(self, key: str, seq: int, headers: bytes | None, data: bytes) -> None:
-        self._apply(key, seq, headers is not None and is_removal(header_map(headers)), data)
 
     def _apply(self, key: str, seq: int, removed: bool, data: bytes) -> None:
         if removed:

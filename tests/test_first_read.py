@@ -8,7 +8,7 @@ import itertools
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hub.first_read import FirstRead, Frame, FrameCutter, header_map
+from hub.first_read import FirstRead, Frame, FrameCutter, header_map, removes
 
 V1 = b"$JS.ACK.KV_b.c1.1.%d.%d.1700000000000000000.%d"
 V2 = b"$JS.ACK._.ACC.KV_b.c1.1.%d.%d.1700000000000000000.%d.tok"
@@ -73,8 +73,43 @@ def test_only_removal_headers_are_parsed() -> None:
     }
 
 
+PUT = b"NATS/1.0\r\nNats-Expected-Stream: KV_b\r\nNats-TTL: 60\r\n\r\n"
+DEL = b"NATS/1.0\r\nKV-Operation: DEL\r\n\r\n"
+PURGE = b"NATS/1.0\r\nKV-Operation: PURGE\r\nNats-Rollup: sub\r\n\r\n"
+MARKER = b"NATS/1.0\r\nNats-Marker-Reason: MaxAge\r\n\r\n"
+
+
+def test_removals_are_told_from_puts_by_their_headers() -> None:
+    assert [removes(raw) for raw in (None, PUT, DEL, PURGE, MARKER)] == [
+        False,
+        False,
+        True,
+        True,
+        True,
+    ]
+    applied: list[tuple[str, int, bool]] = []
+    first = FirstRead(
+        None, "KV_b", "b", lambda key, seq, removed, data: applied.append((key, seq, removed))
+    )
+    first._stop_seq = 1_000
+    first._take(
+        [
+            (b"$KV.b.k%d" % i, V1 % (10 + i, i + 1, 9 - i), headers, b"{}")
+            for i, headers in enumerate((None, PUT, DEL, PURGE, MARKER))
+        ]
+    )
+    assert applied == [
+        ("k0", 10, False),
+        ("k1", 11, False),
+        ("k2", 12, True),
+        ("k3", 13, True),
+        ("k4", 14, True),
+    ]
+    assert (first.applied, first.count, first._delivered) == (14, 5, 5)
+
+
 def reader(applied: list[tuple[str, int]]) -> FirstRead:
-    first = FirstRead(None, "KV_b", "b", lambda key, seq, headers, data: applied.append((key, seq)))
+    first = FirstRead(None, "KV_b", "b", lambda key, seq, removed, data: applied.append((key, seq)))
     first._stop_seq = 1_000
     return first
 
@@ -130,7 +165,7 @@ def test_a_status_message_ends_the_read() -> None:
 def test_a_failing_apply_ends_the_read_and_keeps_what_came_before() -> None:
     seen: list[int] = []
 
-    def apply(key: str, seq: int, headers: bytes | None, data: bytes) -> None:
+    def apply(key: str, seq: int, removed: bool, data: bytes) -> None:
         if data == b"boom":
             raise RuntimeError("boom")
         seen.append(seq)
@@ -140,5 +175,5 @@ def test_a_failing_apply_ends_the_read_and_keeps_what_came_before() -> None:
     first._take(
         [(b"$KV.b.k1", V1 % (3, 1, 5), None, b"{}"), (b"$KV.b.k2", V1 % (4, 2, 4), None, b"boom")]
     )
-    assert seen == [3] and first.applied == 3
+    assert seen == [3] and (first.applied, first.count) == (3, 1)
     assert first.ended_early == "RuntimeError: boom"
