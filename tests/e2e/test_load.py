@@ -188,6 +188,9 @@ async def test_a_stream_stalled_past_the_send_timeout_is_dropped(
     )
     tid = new_task_id()
     await write(js, bucket, tid, "working", 0)
+    # Cached first: a listen naming a task the watch has not delivered yet reads it
+    # through and runs on the ASGI path, whatever the writer under test.
+    await eventually(lambda: harness.hub.cache.get(tid) is not None)
     extra = NOT_IN_PLACE if writer == "direct" else None
     stalled = await open_stalled_listen(harness.url, [tid], extra)
     try:
