@@ -105,7 +105,8 @@ class FrameCutter(Parser):
 
 
 def removes(raw: bytes | None) -> bool:
-    """True when a frame's headers make it a removal, as `is_removal` reads nats-py's."""
+    """True when a frame's headers make it a removal, as `is_removal` reads nats-py's (a
+    put's headers, naming neither removal header, are not parsed: see `header_map`)."""
     return is_removal(header_map(raw))
 
 
@@ -212,12 +213,7 @@ class FirstRead:
                     self._end(f"consumer sequence {int(tokens[2])} after {delivered}")
                     return
                 seq = int(tokens[1])
-                # A put's headers (expected stream, TTL) name neither removal header: most
-                # frames are decided without parsing them.
-                removed = headers is not None and (
-                    (b"KV-Operation" in headers or b"Nats-Marker-Reason" in headers)
-                    and removes(headers)
-                )
+                removed = headers is not None and removes(headers)
                 apply(subject[prefix:].decode(), seq, removed, payload)
                 applied = seq
                 delivered += 1
