@@ -12,7 +12,6 @@ import contextlib
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -25,15 +24,9 @@ import nats
 from nats.js import api
 
 from hub.embedded_nats import NatsServerProcess, die_with_parent
-from tests.helpers import eventually
+from tests.helpers import eventually, free_port
 
 CLUSTER_NAME = "taskhub-faults"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 class ClusterNode(NatsServerProcess):
@@ -48,12 +41,10 @@ class ClusterNode(NatsServerProcess):
         *,
         advertise: bool = True,
     ) -> None:
-        self.monitor_port = free_port()
         super().__init__(
             data_dir,
+            monitor=True,
             extra_args=[
-                "-m",
-                str(self.monitor_port),
                 "--server_name",
                 name,
                 "--cluster_name",
@@ -75,9 +66,9 @@ class ClusterNode(NatsServerProcess):
 
     async def subscribed_subjects(self) -> set[str]:
         """Every subject some client connected to this node subscribes to (`/connz`)."""
-        monitor = f"http://127.0.0.1:{self.monitor_port}"  # `-m` above
+        assert self.monitor_url is not None, "start the node first"
         async with httpx.AsyncClient(timeout=2.0) as client:
-            connz = (await client.get(monitor + "/connz?subs=1&limit=1024")).json()
+            connz = (await client.get(self.monitor_url + "/connz?subs=1&limit=1024")).json()
         return {
             subject
             for conn in connz.get("connections") or []

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import re
-import socket
 from pathlib import Path
 from typing import Any
 
@@ -97,13 +96,6 @@ def serve_option_variables() -> set[str]:
         for option in action.option_strings
         if option.startswith("--") and option != "--help"
     }
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def dockerfile_instructions() -> list[tuple[str, str]]:

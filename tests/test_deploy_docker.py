@@ -19,7 +19,7 @@ import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-from tests.helpers import HubHarness
+from tests.helpers import HubHarness, free_port
 from tests.test_deploy import (
     COMPOSE,
     DEPLOY,
@@ -29,7 +29,6 @@ from tests.test_deploy import (
     dockerfile_instructions,
     env_example,
     final_stage,
-    free_port,
     hub_services,
     nats_conf_variables,
     serve_option_variables,

@@ -21,8 +21,8 @@ from hub.config import Config
 from hub.embedded_nats import NatsServerProcess, nats_server_binary
 from hub.metrics import Metrics
 from hub.nats_source import NatsSource, read_sync_policy
-from tests.helpers import eventually
-from tests.test_deploy import DEPLOY, NATS_CONFIGS, env_example, free_port
+from tests.helpers import eventually, free_port
+from tests.test_deploy import DEPLOY, NATS_CONFIGS, env_example
 
 
 def nats_environment() -> dict[str, str]:

@@ -17,8 +17,8 @@ import httpx
 import pytest
 
 from hub.config import Config
-from tests.helpers import eventually
-from tests.test_deploy import DEPLOY, compose, free_port, hub_services
+from tests.helpers import eventually, free_port
+from tests.test_deploy import DEPLOY, compose, hub_services
 
 NGINX_CONF = DEPLOY / "router" / "nginx.conf"
 

@@ -20,8 +20,8 @@ from nats.js.errors import KeyNotFoundError
 from bridge.jetstream import ensure_bucket
 from bridge.wire import kv_stream, kv_subject
 from hub import checkpoint
-from tests.e2e.test_serve import free_port, taskhub_command
-from tests.helpers import HubHarness, envelope, eventually, new_task_id, start_hub
+from tests.e2e.test_serve import taskhub_command
+from tests.helpers import HubHarness, envelope, eventually, free_port, new_task_id, start_hub
 
 
 async def put(js: Any, bucket: str, task_id: str, data: bytes) -> None:

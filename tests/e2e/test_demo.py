@@ -15,9 +15,8 @@ import httpx
 import pytest
 
 from hub.demo_fleet import SILENT_SERVER, Fleet, Pace
-from tests.cluster import free_port
 from tests.e2e.test_serve import pid_alive
-from tests.helpers import SseEvents, eventually, start_served_hub
+from tests.helpers import SseEvents, eventually, free_port, start_served_hub
 
 pytestmark = pytest.mark.timeout(90)
 ROOT = Path(__file__).resolve().parents[2]

@@ -39,8 +39,8 @@ from hub.config import config_from_args
 from hub.embedded_nats import NatsServerProcess
 from hub.metrics import Metrics
 from hub.nats_source import NatsSource
-from tests.e2e.test_serve import free_port, taskhub_command
-from tests.helpers import eventually
+from tests.e2e.test_serve import taskhub_command
+from tests.helpers import eventually, free_port
 
 CREATES = 20
 TRACED = "write,writev,pwrite64,pwritev,pwritev2,fsync,fdatasync,sendmsg,sendto"

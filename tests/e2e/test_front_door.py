@@ -34,6 +34,7 @@ from tests.helpers import (
     SseStream,
     eventually,
     fleet_server,
+    free_port,
     headers_for,
     rpc,
     start_hub,
@@ -490,7 +491,7 @@ async def test_the_fleet_demo_runs_with_one_hub_url_per_server(
 async def test_sigterm_stops_the_hub_while_a_client_holds_a_forwarded_stream(
     tmp_path: Path,
 ) -> None:
-    from tests.e2e.test_serve import free_port, taskhub_command
+    from tests.e2e.test_serve import taskhub_command
 
     upstream_saw_close = asyncio.Event()
     endless = streaming_until_closed(upstream_saw_close)

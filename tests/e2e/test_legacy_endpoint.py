@@ -22,9 +22,17 @@ import pytest
 from bridge import TaskBridge
 from examples.fleet import alpha
 from hub.upstream import UpstreamSpec
-from tests.cluster import free_port, taskhub_command
+from tests.cluster import taskhub_command
 from tests.e2e.test_front_door import hub_in_front
-from tests.helpers import HubHarness, eventually, fleet_server, headers_for, rpc, start_hub
+from tests.helpers import (
+    HubHarness,
+    eventually,
+    fleet_server,
+    free_port,
+    headers_for,
+    rpc,
+    start_hub,
+)
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -6,20 +6,13 @@ import asyncio
 import os
 import shutil
 import signal
-import socket
 import sys
 import time
 from pathlib import Path
 
 import httpx
 
-from tests.helpers import SUB_KEY, SseStream, eventually, headers_for, rpc
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+from tests.helpers import SUB_KEY, SseStream, eventually, free_port, headers_for, rpc
 
 
 def taskhub_command() -> list[str]:
