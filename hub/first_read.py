@@ -107,13 +107,16 @@ class FrameCutter(Parser):
 def removes(raw: bytes | None) -> bool:
     """True when a frame's headers make it a removal, as `is_removal` reads nats-py's (a
     put's headers, naming neither removal header, are not parsed: see `header_map`)."""
-    return is_removal(header_map(raw))
+    headers = header_map(raw)
+    return headers is not None and is_removal(headers)
 
 
 def header_map(raw: bytes | None) -> dict[str, str] | None:
     """The headers of a frame as nats-py gives them, when they can matter to the cache (a
     removal's `KV-Operation`, a marker's reason); else None, unparsed."""
-    if raw is None or (b"KV-Operation" not in raw and b"Nats-Marker-Reason" not in raw):
+    # `find`, not `in`: bytes' `in` first tries its operand as an integer, and the TypeError
+    # it raises and clears costs more than the search (CPython 3.11: ~200 ns against ~70).
+    if raw is None or (raw.find(b"KV-Operation") < 0 and raw.find(b"Nats-Marker-Reason") < 0):
         return None
     headers = {}
     for line in raw.decode(errors="replace").split("\r\n")[1:]:

@@ -158,8 +158,11 @@ def line_safe(json_bytes: bytes) -> bytes:
     JSON may carry them raw, but clients that split a stream with `str.splitlines`
     (httpx's `aiter_lines`) would cut a `data:` line there and lose the frame.
     """
-    if json_bytes.isascii() or (b"\xc2\x85" not in json_bytes and b"\xe2\x80" not in json_bytes):
-        return json_bytes  # the usual case: one pass (a substring scan costs ten)
+    # The usual case: one pass. Then `find`, not `in`, as in hub/first_read.py's header_map.
+    if json_bytes.isascii() or (
+        json_bytes.find(b"\xc2\x85") < 0 and json_bytes.find(b"\xe2\x80") < 0
+    ):
+        return json_bytes
     for raw, escaped in _LINE_SEPARATORS:
         json_bytes = json_bytes.replace(raw, escaped)
     return json_bytes
