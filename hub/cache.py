@@ -263,22 +263,22 @@ class TaskCache:
                 self._reject(Rejected.OWNER_CHANGE)
                 return None
 
-        poll = task.pollIntervalMs
-        snapshot = TaskSnapshot(
-            task_id=key,
-            owner=envelope.owner,
-            server=envelope.server,
-            revision=revision,
-            status=task.status,
-            expires_at=expires_at,
-            body=body,
-            poll_interval_ms=poll if isinstance(poll, int) else None,
+        poll, status, server = task.pollIntervalMs, task.status, envelope.server
+        snapshot = TaskSnapshot(  # in field order (positional: this runs once per value read)
+            key,
+            envelope.owner,
+            server,
+            revision,
+            status,
+            expires_at,
+            body,
+            poll if isinstance(poll, int) else None,
         )
         self._tasks[key] = pack(snapshot)
         if current is not None:
             self._recent.pop(key, None)
-            self._count(current, -1)
-        self._count(snapshot, 1)
+            self._count(current.server, current.terminal, -1)
+        self._count(server, status in TERMINAL, 1)
         if expires_at is not None and (current is None or current.expires_at != expires_at):
             self._expire_by(key, expires_at)
         self._on_change(snapshot)
@@ -337,18 +337,18 @@ class TaskCache:
     def _drop(self, snapshot: TaskSnapshot) -> None:
         del self._tasks[snapshot.task_id]
         self._recent.pop(snapshot.task_id, None)
-        self._count(snapshot, -1)
+        self._count(snapshot.server, snapshot.terminal, -1)
         self._on_remove(snapshot)
 
-    def _count(self, snapshot: TaskSnapshot, sign: int) -> None:
-        counts = self._servers.get(snapshot.server)
+    def _count(self, server: str, terminal: bool, sign: int) -> None:
+        counts = self._servers.get(server)
         if counts is None:
-            counts = self._servers[snapshot.server] = [0, 0]
+            counts = self._servers[server] = [0, 0]
         counts[0] += sign
-        if not snapshot.terminal:
+        if not terminal:
             counts[1] += sign
         if counts[0] <= 0:
-            del self._servers[snapshot.server]
+            del self._servers[server]
 
     def _reject(self, reason: Rejected) -> None:
         self._on_reject(reason)
