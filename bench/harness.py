@@ -15,7 +15,6 @@ import asyncio
 import importlib.util
 import os
 import shutil
-import socket
 import sys
 import tempfile
 import time
@@ -34,6 +33,7 @@ from bench import profile, protocol
 from bench.control import Worker
 from bench.peers.setup import PeerSetup
 from bench.peers.tree import ProcessTree
+from bench.ports import free_port
 from bench.processes import Child
 from bridge.jetstream import ensure_bucket, ensure_control_stream
 from hub.embedded_nats import NatsServerProcess
@@ -61,14 +61,6 @@ async def server_stats(server: Server) -> dict[str, int]:
 
 class HarnessError(RuntimeError):
     """A process the bench needs did not start or did not become ready."""
-
-
-def free_port() -> int:
-    """A currently free loopback port (the race with other processes is harmless here)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 async def http_get(port: int, path: str, timeout: float = 5.0) -> tuple[int, bytes]:

@@ -25,7 +25,6 @@ import json
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -38,6 +37,7 @@ from typing import Any
 
 import yaml  # type: ignore[import-untyped]
 
+from bench.ports import free_port
 from hub.embedded_nats import NatsServerProcess, die_with_parent
 
 HERE = Path(__file__).resolve().parent
@@ -124,13 +124,6 @@ def install(force: bool = False) -> None:
 
 
 # -- servers --------------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 class Servers(contextlib.ExitStack):

@@ -4,10 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import json
-import random
-import socket
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
@@ -18,6 +15,7 @@ import httpx
 import uvicorn
 from starlette.types import ASGIApp
 
+from bench.ports import free_port as free_port  # the tests' one way to pick a port
 from hub.config import Config
 from hub.runtime import Hub
 
@@ -25,39 +23,6 @@ PROTOCOL = "2026-07-28"
 TASKS_EXT = "io.modelcontextprotocol/tasks"
 TASKS_CAPS: dict[str, Any] = {"extensions": {TASKS_EXT: {}}}
 SUB_KEY = "io.modelcontextprotocol/subscriptionId"
-
-
-def _below_ephemeral_ports() -> list[int]:
-    """Ports under the kernel's ephemeral range (Linux), where no outgoing connection lands."""
-    try:
-        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return []
-    ports = list(range(10_000, low))
-    random.shuffle(ports)  # two sessions on one machine start far apart
-    return ports
-
-
-_PORTS = itertools.cycle(_below_ephemeral_ports() or [0])
-
-
-def free_port() -> int:
-    """A loopback port free now, for a server a test starts with that port on its command line.
-
-    `bind(0)` picks from the ephemeral range, which is also where the kernel puts the local
-    end of every outgoing connection; between this check and the server's own bind one of
-    the suite's clients could take the port (seen in CI: a cluster node failed on "address
-    already in use"). Below that range only another listener can, and the ports are handed
-    out in turn, so one session never hands out the same port twice until it wraps.
-    """
-    for _ in range(1000):
-        with socket.socket() as sock:
-            try:
-                sock.bind(("127.0.0.1", next(_PORTS)))
-            except OSError:
-                continue  # someone listens there, or it is still in TIME_WAIT
-            return int(sock.getsockname()[1])
-    raise RuntimeError("no free loopback port below the ephemeral range")
 
 
 def rpc(

@@ -1,4 +1,5 @@
-"""The suite's own helpers, where a mistake would show up only as a rare flake."""
+"""Helpers the suite, the bench and conformance share, where a mistake would show up only as a
+rare flake."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import free_port
+from bench.ports import free_port
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="the ephemeral range is read from /proc")

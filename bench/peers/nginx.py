@@ -17,9 +17,10 @@ import pwd
 import resource
 from pathlib import Path
 
-from bench.harness import Harness, free_port
+from bench.harness import Harness
 from bench.peers.server import PeerServer, launch
 from bench.peers.setup import NCHAN_MODULE, NGINX
+from bench.ports import free_port
 
 NCHAN_LOCATIONS = """
     location = /pub {

@@ -18,10 +18,11 @@ import io
 import time
 from pathlib import Path
 
-from bench.harness import Harness, HarnessError, free_port
+from bench.harness import Harness, HarnessError
 from bench.peers import server
 from bench.peers.server import PeerServer, launch
 from bench.peers.setup import PUSHPIN
+from bench.ports import free_port
 from bench.protocol import event_source
 
 INTERNAL_CONF = Path("/usr/lib/pushpin/internal.conf")
