@@ -238,7 +238,9 @@ class TaskCache:
             self._reject(Rejected.MALFORMED)
             return None
         task = envelope.task
-        body = line_safe(encode(task))
+        body = encode(task)
+        if not body.isascii():  # line_safe's usual case, without its call
+            body = line_safe(body)
         current = None
         # A task not held and never removed (every one, in a first read) needs none of
         # the checks below.
