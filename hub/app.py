@@ -64,16 +64,18 @@ class HubApp:
 def create_app(config: Config, nats_url: str, hub: Hub | None = None) -> HubApp:
     """The hub as an ASGI app; `hub` may be passed in to share it with the caller."""
     hub = hub or Hub(config, nats_url)
-    pool = Pool(config.upstream_timeout)
     sessions = Sessions(hub, config.bucket, config.replicas)
     endpoints: dict[str, Endpoint] = {
         "/mcp": McpEndpoint(hub),
         "/legacy/mcp": LegacyEndpoint(hub, sessions, None, "/mcp"),
     }
-    for spec in config.upstreams:
-        upstream = Upstream(spec, pool, hub.metrics)
-        endpoints[spec.path] = McpEndpoint(hub, upstream)
-        endpoints[spec.legacy_path] = LegacyEndpoint(hub, sessions, upstream, spec.path)
+    pool = None  # only a front door needs the HTTP client (making one costs ~90 ms: its TLS)
+    if config.upstreams:
+        pool = Pool(config.upstream_timeout)
+        for spec in config.upstreams:
+            upstream = Upstream(spec, pool, hub.metrics)
+            endpoints[spec.path] = McpEndpoint(hub, upstream)
+            endpoints[spec.legacy_path] = LegacyEndpoint(hub, sessions, upstream, spec.path)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -86,7 +88,8 @@ def create_app(config: Config, nats_url: str, hub: Hub | None = None) -> HubApp:
             yield
         finally:
             await hub.stop()
-            await pool.close()
+            if pool is not None:
+                await pool.close()
 
     async def healthz(request: HttpRequest) -> Response:
         return PlainTextResponse("ok\n")
