@@ -196,18 +196,27 @@ async def test_a_stream_stalled_past_the_send_timeout_is_dropped(
     try:
         await eventually(lambda: len(harness.hub.fanout) == 1)
         assert harness.hub.metrics.streams_opened.value(writer) == 1
+        stalled_sub = next(iter(harness.hub.fanout._subscribers))
         async with harness.listen([tid], id="healthy") as healthy:
             await healthy.next()  # the ack
             await healthy.next()  # step 0
             padding = "x" * 200_000
             step = 0
-            # Fill the stalled client's buffers until the hub's writes block, then wait.
-            while harness.hub.metrics.streams_closed.value("send_timeout") == 0:
+
+            async def next_step() -> None:
+                nonlocal step
                 step += 1
                 await write(js, bucket, tid, "working", step, padding)
                 frame = await healthy.next(timeout=10)  # the healthy stream keeps up
                 assert frame["params"]["statusMessage"].startswith(f"step {step} ")
-                assert step < 500, "the stalled stream was never dropped"
+
+            # Fill the stalled client's buffers until the hub's write blocks (bounded by
+            # the socket buffers, not by how fast this loop runs), then wait out the timeout.
+            while stalled_sub.stalled_since() is None:
+                await next_step()
+                assert step < 500, "the stalled stream's writes never blocked"
+            await next_step()  # a blocked writer delays nobody
+            await eventually(lambda: harness.hub.metrics.streams_closed.value("send_timeout") == 1)
             await eventually(lambda: len(harness.hub.fanout) == 1)  # only the healthy one
             await write(js, bucket, tid, "completed", step + 1)
             assert (await healthy.next(timeout=10))["params"]["status"] == "completed"
