@@ -105,25 +105,18 @@ class FrameCutter(Parser):
 
 
 def removes(raw: bytes | None) -> bool:
-    """True when a frame's headers make it a removal, as `is_removal` reads nats-py's (a
-    put's headers, naming neither removal header, are not parsed: see `header_map`)."""
-    headers = header_map(raw)
-    return headers is not None and is_removal(headers)
-
-
-def header_map(raw: bytes | None) -> dict[str, str] | None:
-    """The headers of a frame as nats-py gives them, when they can matter to the cache (a
-    removal's `KV-Operation`, a marker's reason); else None, unparsed."""
+    """True when a frame's headers make it a removal, as `is_removal` reads nats-py's. A
+    put's headers, naming neither removal header, are not parsed."""
     # `find`, not `in`: bytes' `in` first tries its operand as an integer, and the TypeError
     # it raises and clears costs more than the search (CPython 3.11: ~200 ns against ~70).
     if raw is None or (raw.find(b"KV-Operation") < 0 and raw.find(b"Nats-Marker-Reason") < 0):
-        return None
+        return False
     headers = {}
     for line in raw.decode(errors="replace").split("\r\n")[1:]:
         name, colon, value = line.partition(":")
         if colon:
             headers[name.strip()] = value.strip()
-    return headers
+    return is_removal(headers)
 
 
 class FirstRead:
@@ -216,7 +209,7 @@ class FirstRead:
                     self._end(f"consumer sequence {int(tokens[2])} after {delivered}")
                     return
                 seq = int(tokens[1])
-                removed = headers is not None and removes(headers)
+                removed = removes(headers)
                 apply(subject[prefix:].decode(), seq, removed, payload)
                 applied = seq
                 delivered += 1

@@ -8,7 +8,7 @@ import itertools
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hub.first_read import FirstRead, Frame, FrameCutter, header_map, removes
+from hub.first_read import FirstRead, Frame, FrameCutter, removes
 
 V1 = b"$JS.ACK.KV_b.c1.1.%d.%d.1700000000000000000.%d"
 V2 = b"$JS.ACK._.ACC.KV_b.c1.1.%d.%d.1700000000000000000.%d.tok"
@@ -59,18 +59,6 @@ def test_frames_come_out_whole_and_in_order_however_the_bytes_are_cut(cuts: list
     asyncio.run(feed())
     assert got == expected
     assert cutter.buf == b""
-
-
-def test_only_removal_headers_are_parsed() -> None:
-    assert header_map(None) is None
-    assert header_map(b"NATS/1.0\r\nNats-Expected-Stream: KV_b\r\n\r\n") is None
-    assert header_map(b"NATS/1.0\r\nKV-Operation: PURGE\r\nNats-Rollup: sub\r\n\r\n") == {
-        "KV-Operation": "PURGE",
-        "Nats-Rollup": "sub",
-    }
-    assert header_map(b"NATS/1.0\r\nNats-Marker-Reason: MaxAge\r\n\r\n") == {
-        "Nats-Marker-Reason": "MaxAge"
-    }
 
 
 PUT = b"NATS/1.0\r\nNats-Expected-Stream: KV_b\r\nNats-TTL: 60\r\n\r\n"
