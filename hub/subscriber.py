@@ -115,12 +115,6 @@ class Subscriber:
         self.backlog[snapshot.task_id] = snapshot
         return queued is not None
 
-    def take(self) -> list[TaskSnapshot]:
-        """Every task state queued so far, oldest task first."""
-        batch = list(self.backlog.values())
-        self.backlog.clear()
-        return batch
-
     def offer_event(self, key: str, frame: bytes) -> bool:
         """Queue a fleet event's frame; True if it replaced an unsent one of the same key."""
         replaced = key in self.events
@@ -133,7 +127,9 @@ class Subscriber:
 
     def take_frames(self) -> tuple[bytes, int]:
         """Everything queued as one chunk: task states, then events; and how many."""
-        batch = self.take()
+        backlog = self.backlog
+        batch = list(backlog.values())  # oldest task first
+        backlog.clear()
         data = self.frame_states(batch) if batch else b""
         if not self.events:
             return data, len(batch)
@@ -156,8 +152,8 @@ class Subscriber:
         returns the number of notifications written."""
         if not (self.backlog or self.events) or self.state is not _LIVE:
             return 0  # nothing to do, or the writer has it in hand
-        channel = self._writable_channel()
-        if channel is None:
+        channel = self.channel  # `_writable_channel`, written out: once per frame
+        if channel is None or not channel.writable:
             self.wake()
             return 0
         data, count = self.take_frames()

@@ -7,11 +7,21 @@ decisions (what, when, to whom), not I/O; the real socket path runs in tests/e2e
 from __future__ import annotations
 
 import asyncio
+import json
 
+from bridge import vocabulary
 from hub.cache import TaskSnapshot
 from hub.fanout import Fanout
+from hub.frames import notification_prefix, task_frames
 from hub.metrics import Metrics
 from hub.subscriber import EndReason, StreamState, Subscriber
+
+
+def take(sub: Subscriber) -> list[TaskSnapshot]:
+    """Every task state queued for `sub`, oldest task first; the backlog is emptied."""
+    batch = list(sub.backlog.values())
+    sub.backlog.clear()
+    return batch
 
 
 def snap(task_id: str, revision: int, status: str = "working") -> TaskSnapshot:
@@ -27,16 +37,16 @@ async def test_backlog_keeps_only_the_latest_revision_per_task() -> None:
         fanout.publish(snap("a", revision))
     fanout.publish(snap("b", 5))
     assert len(sub.backlog) == 2  # bounded by tasks followed, not by updates
-    assert [s.revision for s in sub.take()] == [1000, 5]
+    assert [s.revision for s in take(sub)] == [1000, 5]
     assert metrics.coalesced_frames.value() == 999
-    assert sub.take() == []
+    assert take(sub) == []
 
 
 def test_an_older_revision_never_replaces_a_newer_one() -> None:
     sub = Subscriber(b"1", ["a"])
     sub.offer(snap("a", 7))
     sub.offer(snap("a", 3))
-    assert [s.revision for s in sub.take()] == [7]
+    assert [s.revision for s in take(sub)] == [7]
 
 
 async def test_only_followers_receive_and_terminal_ends_following() -> None:
@@ -48,7 +58,7 @@ async def test_only_followers_receive_and_terminal_ends_following() -> None:
     assert a.backlog and not b.backlog
     fanout.publish(snap("t1", 2, "completed"))
     assert fanout.followers("t1") == 0 and "t1" not in a.task_ids
-    assert a.take()[-1].status == "completed"
+    assert take(a)[-1].status == "completed"
     fanout.publish(snap("t1", 3))  # nobody follows any more
     assert not a.backlog
 
@@ -131,7 +141,7 @@ async def test_a_stream_that_cannot_take_a_write_wakes_its_writer_instead() -> N
     await next_turn()
     fanout.publish(snap("a", 1))
     await asyncio.wait_for(parked, 5)  # woken: the writer awaits `send` itself
-    assert channel.chunks == [] and [s.revision for s in sub.take()] == [1]
+    assert channel.chunks == [] and [s.revision for s in take(sub)] == [1]
 
 
 async def test_nothing_is_written_before_the_ack_or_while_the_writer_sends() -> None:
@@ -144,7 +154,7 @@ async def test_nothing_is_written_before_the_ack_or_while_the_writer_sends() -> 
     sub.blocking(0.0)  # the writer is inside `send`
     fanout.publish(snap("a", 2))
     await next_turn()
-    assert channel.chunks == [] and [s.revision for s in sub.take()] == [2]
+    assert channel.chunks == [] and [s.revision for s in take(sub)] == [2]
 
 
 def test_tick_sends_keepalives_to_idle_streams_and_drops_stalled_ones() -> None:
@@ -225,3 +235,14 @@ async def test_resend_tells_every_follower_once_and_unsubscribe_forgets_them() -
     assert fanout.publish_event("alpha", "tools") == 0
     fanout.resend_events()  # nothing registered any more
     assert fanout._by_event == {} and fanout._events_of == {}
+
+
+def test_task_states_are_framed_alike_one_at_a_time_or_together() -> None:
+    one = TaskSnapshot("a", "anonymous", "srv", 1, "working", None, b'{"taskId":"a"}')
+    two = TaskSnapshot("b", "anonymous", "srv", 2, "working", None, b'{"taskId":"b"}')
+    prefix = notification_prefix(b'"s"')
+    alone = task_frames(prefix, [one])
+    assert alone == prefix + b'"taskId":"a"}}\n\n'
+    message = json.loads(alone.removeprefix(b"data: "))
+    assert message["params"] == {"_meta": {vocabulary.SUBSCRIPTION_ID_KEY: "s"}, "taskId": "a"}
+    assert task_frames(prefix, [one, two]) == alone + task_frames(prefix, [two])
