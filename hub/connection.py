@@ -47,12 +47,16 @@ CONNECTION = "taskhub.connection"
 
 
 class Channel(Protocol):
-    """Where a stream's chunks go when they can go straight out."""
+    """Where a stream's chunks go when they can go straight out (only while `writable`)."""
 
     @property
     def writable(self) -> bool: ...
 
-    def write(self, data: bytes) -> None: ...
+    def write(self, data: bytes) -> None:
+        """`data` as one HTTP/1.1 chunk."""
+
+    def write_chunks(self, data: bytes) -> None:
+        """`data` as it is: bytes already framed as chunks (the fan-out's usual write)."""
 
     def abort(self) -> None: ...
 
@@ -98,6 +102,10 @@ class DirectChannel:
     def write(self, data: bytes) -> None:
         """One HTTP/1.1 chunk; only while `writable`."""
         uv.write_chunk(self._cycle, data)
+
+    def write_chunks(self, data: bytes) -> None:
+        """Bytes framed as chunks already; only while `writable`."""
+        uv.write_chunks(self._cycle, data)
 
     def abort(self) -> None:
         """Drop the connection now (a client that stopped reading)."""

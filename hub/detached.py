@@ -30,18 +30,23 @@ from hub.subscriber import Subscriber
 from hub.uvicorn_internals import LAST_CHUNK, chunk
 
 
+def _unstarted(data: bytes) -> None:
+    raise RuntimeError("the stream has no transport")  # `writable` is False: not reached
+
+
 class DetachedStream(asyncio.Protocol):
     """One listen stream's writer, as the transport's protocol; its `Channel` too."""
 
     __slots__ = (
         "_expiry",
         "_loop",
-        "_paused",
         "_woken",
         "metrics",
         "on_close",
         "subscriber",
         "transport",
+        "writable",
+        "write_chunks",
     )
 
     def __init__(
@@ -51,10 +56,14 @@ class DetachedStream(asyncio.Protocol):
         self.metrics = metrics
         self.on_close = on_close
         self._loop = asyncio.get_running_loop()
-        self._paused = False
         self._woken = False  # a pump is scheduled
         self._expiry: asyncio.TimerHandle | None = None
         self.transport: asyncio.Transport | None = None
+        # The channel's two members the flush uses once per frame, kept rather than
+        # computed: `writable` while the transport is ours and not paused, closing or
+        # lost; `write_chunks` is the transport's own `write`.
+        self.writable = False
+        self.write_chunks: Callable[[bytes], None] = _unstarted
 
     def start(
         self, transport: asyncio.Transport, head: bytes, first: bytes, ends_at: float | None
@@ -63,6 +72,8 @@ class DetachedStream(asyncio.Protocol):
         ack) and the current states, in one chunk."""
         self.transport = transport
         transport.set_protocol(self)  # before writing: pause_writing now comes here
+        self.writable = not transport.is_closing()
+        self.write_chunks = transport.write
         subscriber = self.subscriber
         subscriber.channel = self
         subscriber.on_wake = self._wake
@@ -77,17 +88,13 @@ class DetachedStream(asyncio.Protocol):
 
     # -- the channel the fan-out writes through --------------------------------------------
 
-    @property
-    def writable(self) -> bool:
-        transport = self.transport
-        return not self._paused and transport is not None and not transport.is_closing()
-
     def write(self, data: bytes) -> None:
         assert self.transport is not None
         # `chunk(data)`, written out: this runs once per delivered frame.
         self.transport.write(b"".join((b"%x\r\n" % len(data), data, b"\r\n")))
 
     def abort(self) -> None:
+        self.writable = False
         if self.transport is not None:
             self.transport.abort()
 
@@ -129,22 +136,27 @@ class DetachedStream(asyncio.Protocol):
                 self.transport.write(LAST_CHUNK)
                 if self.transport.get_write_buffer_size():
                     subscriber.blocking(now)  # a client that never reads it is dropped
+                self.writable = False
                 self.transport.close()
                 return
 
     # -- the transport's callbacks ---------------------------------------------------------
 
     def pause_writing(self) -> None:
-        self._paused = True
+        self.writable = False
 
     def resume_writing(self) -> None:
-        self._paused = False
+        transport = self.transport
+        self.writable = transport is not None and not transport.is_closing()
         if self.subscriber.stalled_since() is not None:
             self.subscriber.unblocked(self._loop.time())
         self.pump()
 
     def data_received(self, data: bytes) -> None:
         pass  # a listening client has nothing more to say; a new request needs a new connection
+
+    def eof_received(self) -> None:
+        self.writable = False  # the client is done: the transport closes itself (returning None)
 
     def connection_lost(self, exc: Exception | None) -> None:
         subscriber = self.subscriber
@@ -153,6 +165,8 @@ class DetachedStream(asyncio.Protocol):
         subscriber.lose()
         reason = subscriber.closed()
         subscriber.on_wake = None
+        self.writable = False
+        self.write_chunks = _unstarted
         self.transport = None
         self.on_close(subscriber)
         self.metrics.streams_closed.inc(1, reason.value)

@@ -30,7 +30,7 @@ from bridge.wire import EVENT_KINDS
 from hub.cache import TaskSnapshot
 from hub.frames import event_frame
 from hub.metrics import Metrics
-from hub.subscriber import EndReason, Subscriber
+from hub.subscriber import EndReason, Subscriber, flush_all, offer_all
 from hub.watcher import COALESCED, TaskEvents, Watcher
 
 # (service, kind, uri): kind "tools", "prompts", "resources" (uri "") or "resource" (a URI).
@@ -126,9 +126,7 @@ class Fanout:
         followers = self._by_task.get(snapshot.task_id)
         if not followers:
             return
-        coalesced = 0
-        for subscriber in followers:
-            coalesced += subscriber.offer(snapshot)
+        coalesced = offer_all(followers, snapshot)
         self._dirty |= followers
         if coalesced:
             self._metrics.coalesced_frames.inc(coalesced)
@@ -241,10 +239,7 @@ class Fanout:
     def _flush(self) -> None:
         self._flush_scheduled = False
         dirty, self._dirty = self._dirty, set()
-        now = asyncio.get_running_loop().time()
-        sent = 0
-        for subscriber in dirty:
-            sent += subscriber.flush(now)
+        sent = flush_all(dirty, asyncio.get_running_loop().time())
         if sent:
             self._metrics.notifications_sent.inc(sent)
 

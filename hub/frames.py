@@ -17,6 +17,7 @@ from hub.jsonrpc import line_safe
 
 SUBSCRIPTION_ID_KEY = msgspec.json.encode(vocabulary.SUBSCRIPTION_ID_KEY) + b":"
 KEEPALIVE_FRAME = b":\n\n"  # H20: a comment line, ignored by every SSE parser
+TASK_FRAME_END = b"}\n\n"  # a task's frame: prefix, its body after the "{", this
 
 
 def event(payload: bytes) -> bytes:
@@ -54,10 +55,10 @@ def notification_prefix(subscription_id: bytes) -> bytes:
 def task_frames(prefix: bytes, snapshots: list[TaskSnapshot]) -> bytes:
     """`notifications/tasks` frames = the same DetailedTask bytes `tasks/get` serves (H60)."""
     if len(snapshots) == 1:  # the usual flush: one change since the last
-        return b"".join((prefix, snapshots[0].body[1:], b"}\n\n"))
+        return b"".join((prefix, snapshots[0].body[1:], TASK_FRAME_END))
     parts: list[bytes] = []
     for snapshot in snapshots:
-        parts += (prefix, snapshot.body[1:], b"}\n\n")
+        parts += (prefix, snapshot.body[1:], TASK_FRAME_END)
     return b"".join(parts)
 
 

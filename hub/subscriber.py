@@ -36,7 +36,13 @@ from collections.abc import Callable, Iterable
 
 from hub.cache import TaskSnapshot
 from hub.connection import Channel
-from hub.frames import KEEPALIVE_FRAME, completion_frame, notification_prefix, task_frames
+from hub.frames import (
+    KEEPALIVE_FRAME,
+    TASK_FRAME_END,
+    completion_frame,
+    notification_prefix,
+    task_frames,
+)
 
 
 class StreamState(enum.Enum):
@@ -279,3 +285,64 @@ class Subscriber:
             await self._waiter
         finally:
             self._waiter = None
+
+
+# -- the fan-out's loops: these run once per delivered frame ------------------------------
+
+
+def offer_all(followers: Iterable[Subscriber], snapshot: TaskSnapshot) -> int:
+    """`offer(snapshot)` to each of `followers`, written out; returns how many coalesced."""
+    task_id, revision = snapshot.task_id, snapshot.revision
+    coalesced = 0
+    for subscriber in followers:
+        backlog = subscriber.backlog
+        queued = backlog.get(task_id)
+        if queued is None:
+            backlog[task_id] = snapshot
+        elif queued.revision < revision:
+            backlog[task_id] = snapshot
+            coalesced += 1
+    return coalesced
+
+
+_CHUNK_END = TASK_FRAME_END + b"\r\n"
+
+
+def flush_all(subscribers: Iterable[Subscriber], now: float) -> int:
+    """`flush(now)` for each of `subscribers`; returns the notifications written.
+
+    The usual case is written out: a live stream of plain `notifications/tasks` frames
+    owing one task state and nothing else, its socket taking writes. Its chunk is
+    `chunk(task_frames(prefix, [snapshot]))` in one join, with the parts every follower of
+    the same revision shares (the frame's tail, the chunk head for a prefix of one length)
+    made once: a flush usually writes one revision to all its followers.
+    """
+    sent = 0
+    body = tail = head = b""
+    prefix_len = -1
+    for subscriber in subscribers:
+        backlog = subscriber.backlog
+        channel = subscriber.channel
+        if (
+            len(backlog) == 1
+            and subscriber.state is _LIVE
+            and not subscriber.events
+            and type(subscriber) is Subscriber  # a subclass may frame states its own way
+            and channel is not None
+            and channel.writable
+        ):
+            snapshot = backlog.popitem()[1]  # keeps the dict's table, unlike clear()
+            if snapshot.body is not body:
+                body = snapshot.body
+                tail = body[1:] + _CHUNK_END
+                prefix_len = -1
+            prefix = subscriber.prefix
+            if len(prefix) != prefix_len:
+                prefix_len = len(prefix)
+                head = b"%x\r\n" % (prefix_len + len(tail) - 2)
+            channel.write_chunks(b"".join((head, prefix, tail)))
+            subscriber.last_write = now
+            sent += 1
+        else:
+            sent += subscriber.flush(now)
+    return sent

@@ -187,6 +187,11 @@ def write_chunk(cycle: Cycle, data: bytes) -> None:
     cycle.transport.write(chunk(data))
 
 
+def write_chunks(cycle: Cycle, data: bytes) -> None:
+    """Bytes framed as HTTP/1.1 chunks already; only if `chunk_writable`."""
+    cycle.transport.write(data)
+
+
 def finished(cycle: Cycle) -> bool:
     return bool(cycle.response_complete or cycle.disconnected)
 

@@ -14,7 +14,7 @@ from hub.cache import TaskSnapshot
 from hub.fanout import Fanout
 from hub.frames import notification_prefix, task_frames
 from hub.metrics import Metrics
-from hub.subscriber import EndReason, StreamState, Subscriber
+from hub.subscriber import EndReason, StreamState, Subscriber, flush_all
 
 
 def take(sub: Subscriber) -> list[TaskSnapshot]:
@@ -90,8 +90,20 @@ def test_close_all_marks_streams_for_a_graceful_end() -> None:
     )
 
 
+def unchunk(data: bytes) -> list[bytes]:
+    """The payloads of HTTP/1.1 chunks, each checked against its size line."""
+    payloads = []
+    while data:
+        size_line, _, rest = data.partition(b"\r\n")
+        size = int(size_line, 16)
+        assert size and rest[size : size + 2] == b"\r\n", data
+        payloads.append(rest[:size])
+        data = rest[size + 2 :]
+    return payloads
+
+
 class Channel:
-    """Records what the fan-out writes; `writable` is set by the test."""
+    """Records what the fan-out writes, one payload per chunk; `writable` is set by the test."""
 
     def __init__(self) -> None:
         self.writable = True
@@ -102,12 +114,18 @@ class Channel:
         assert self.writable
         self.chunks.append(data)
 
+    def write_chunks(self, data: bytes) -> None:
+        assert self.writable
+        self.chunks += unchunk(data)
+
     def abort(self) -> None:
         self.aborted = True
 
 
-def live(fanout: Fanout, task_ids: list[str]) -> tuple[Subscriber, Channel]:
-    sub = Subscriber(b'"s"', task_ids)
+def live(
+    fanout: Fanout, task_ids: list[str], subscription_id: bytes = b'"s"'
+) -> tuple[Subscriber, Channel]:
+    sub = Subscriber(subscription_id, task_ids)
     channel = Channel()
     sub.channel = channel  # type: ignore[assignment]
     sub.opened()
@@ -131,6 +149,60 @@ async def test_one_flush_per_turn_writes_each_stream_one_chunk() -> None:
     assert len(channel.chunks) == 1
     assert channel.chunks[0].count(b"data: ") == 2  # a@2 and b@1, a@1 coalesced away
     assert metrics.notifications_sent.value() == 2 and not sub.backlog
+
+
+async def test_a_stream_owing_one_state_gets_the_chunk_the_general_path_would_write() -> None:
+    """The flush's usual case is written out (`subscriber.flush_all`): whatever the stream's
+    prefix and the revision's size, its chunk holds exactly `task_frames` of that state,
+    beside streams that take the general path in the same flush."""
+    metrics = Metrics()
+    fanout = Fanout(metrics)
+    short, short_channel = live(fanout, ["a"], b"7")
+    long, long_channel = live(fanout, ["a"], b'"a-much-longer-subscription-id"')
+    both, both_channel = live(fanout, ["a", "b"], b"8")  # owes two states: one chunk of both
+    only_b, only_b_channel = live(fanout, ["b"], b"6")  # another revision in the same flush
+    evented, evented_channel = live(fanout, ["a"], b"9")
+    fanout.follow_events(evented, "alpha", "anonymous", ["tools"])
+    revisions = [
+        TaskSnapshot("a", "anonymous", "srv", 1, "working", None, b'{"taskId":"a"}'),
+        TaskSnapshot(
+            "a", "anonymous", "srv", 2, "working", None, b'{"taskId":"a","n":' + b"1" * 300 + b"}"
+        ),
+        TaskSnapshot("a", "anonymous", "srv", 3, "working", None, b'{"taskId":"a","n":2}'),
+    ]
+    b = TaskSnapshot("b", "anonymous", "srv", 1, "working", None, b'{"taskId":"b"}')
+    for snapshot in revisions:
+        fanout.publish(snapshot)
+        if snapshot.revision == 2:
+            fanout.publish(b)
+            fanout.publish_event("alpha", "tools")
+        await next_turn()
+    for sub, channel in ((short, short_channel), (long, long_channel)):
+        assert channel.chunks == [task_frames(sub.prefix, [s]) for s in revisions]
+    assert both_channel.chunks[1] == task_frames(both.prefix, [revisions[1], b])
+    assert only_b_channel.chunks == [task_frames(only_b.prefix, [b])]
+    assert evented_channel.chunks[1].startswith(task_frames(evented.prefix, [revisions[1]]))
+    assert b"list_changed" in evented_channel.chunks[1]
+    assert metrics.notifications_sent.value() == 3 * 4 + 3
+    assert not any(sub.backlog for sub in (short, long, both, only_b, evented))
+
+
+def test_a_flush_of_two_revisions_frames_each_with_its_own_size() -> None:
+    """Streams in flush order a, b, a, with prefixes of one length: each chunk's size line
+    is that of its own revision, not the one before."""
+    a = TaskSnapshot("a", "anonymous", "srv", 1, "working", None, b'{"taskId":"a"}')
+    b = TaskSnapshot("b", "anonymous", "srv", 1, "working", None, b'{"taskId":"b","n":22}')
+    streams = []
+    for subscription_id, snapshot in ((b"1", a), (b"2", b), (b"3", a)):
+        sub, channel = Subscriber(subscription_id, [snapshot.task_id]), Channel()
+        sub.channel = channel  # type: ignore[assignment]
+        sub.opened()
+        sub.offer(snapshot)
+        streams.append((sub, channel, snapshot))
+    assert flush_all([sub for sub, _, _ in streams], now=5.0) == 3
+    for sub, channel, snapshot in streams:
+        assert channel.chunks == [task_frames(sub.prefix, [snapshot])]
+        assert sub.last_write == 5.0
 
 
 async def test_a_stream_that_cannot_take_a_write_wakes_its_writer_instead() -> None:

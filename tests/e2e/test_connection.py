@@ -282,16 +282,23 @@ async def test_a_listen_stream_runs_in_place_from_ack_to_goodbye(
     assert metrics.streams_closed.value("shutdown") == 1
 
 
+@pytest.mark.parametrize("leaves", ["close", "half-close"])
 async def test_a_listen_stream_in_place_ends_when_its_client_leaves(
-    served: HubHarness, js: Any, bucket: str
+    served: HubHarness, js: Any, bucket: str, leaves: str
 ) -> None:
+    """Closed, or only its sending half (EOF): the stream ends and its slot is free."""
     tid = new_task_id()
     await js.publish(kv_subject(bucket, tid), envelope(tid))
     await eventually(lambda: served.hub.cache.get(tid) is not None)
     reader, writer, _ = await raw_listen(served, [tid])
     await Messages(reader).next()
     assert len(served.hub.fanout) == 1
-    writer.close()
+    if leaves == "close":
+        writer.close()
+    else:
+        writer.write_eof()
+        assert await asyncio.wait_for(reader.read(), 10) == b""  # the hub hung up
+        writer.close()
     await eventually(lambda: len(served.hub.fanout) == 0)
     assert served.hub.metrics.streams_closed.value("client") == 1
     assert served.hub.streams.acquire("anonymous") is None  # its slot is free again
