@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from bench import protocol, report
+from bench import instructions, protocol, report
 from bench.front_door import FRONT_DOOR_CALLS
 from bench.operator_stream import PROCESSES
 from bench.peers import nginx, pushpin, setup
@@ -370,3 +370,13 @@ async def test_a_missing_peer_is_skipped_with_its_reason(monkeypatch: pytest.Mon
     assert logged == ["nchan: skipped (/nonexistent/nginx missing; this run installs nothing)"]
     assert not await peers.available("nchan")  # looked up once, the reason kept
     assert len(logged) == 1
+
+
+@pytest.mark.parametrize("target", instructions.TARGETS)
+def test_the_instruction_probe_delivers_every_revision_to_every_stream(target: str) -> None:
+    """`python -m bench.instructions` counts a path only if it did the work: its probe,
+    run without valgrind, gets each revision to each follower as one frame (the hub's
+    streams also get their ack)."""
+    frames, counted = instructions.run_probe(target, streams=4, revisions=25, valgrind=[])
+    assert frames == 4 * 25 + (4 if target == "hub" else 0)
+    assert counted == 0  # no valgrind, no count
