@@ -143,10 +143,15 @@ class TaskCache:
                 return None
             snapshot = unpack(task_id, packed)
             if keep:
-                if len(recent) >= RECENT_SNAPSHOTS:
-                    recent.clear()
-                recent[task_id] = snapshot
+                self._keep(task_id, snapshot)
         return snapshot
+
+    def _keep(self, task_id: str, snapshot: TaskSnapshot) -> None:
+        """Hold the current `snapshot` unpacked (at most RECENT_SNAPSHOTS of them)."""
+        recent = self._recent
+        if len(recent) >= RECENT_SNAPSHOTS and task_id not in recent:
+            recent.clear()
+        recent[task_id] = snapshot
 
     def server_counts(self) -> dict[str, tuple[int, int]]:
         """Per server id: its tasks held, and how many of them are not terminal."""
@@ -278,7 +283,9 @@ class TaskCache:
         )
         self._tasks[key] = pack(snapshot)
         if current is not None:
-            self._recent.pop(key, None)
+            # A task that changes once changes again: its next revision, and the readers
+            # meanwhile, find this one unpacked (a first read's tasks are not kept).
+            self._keep(key, snapshot)
             self._count(current.server, current.terminal, -1)
         self._count(server, status in TERMINAL, 1)
         if expires_at is not None and (current is None or current.expires_at != expires_at):

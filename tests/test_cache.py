@@ -327,6 +327,26 @@ def test_a_read_snapshot_is_let_go_when_its_task_changes_or_goes() -> None:
     assert all(r.cache.get(other).task_id == other for other in ids)  # type: ignore[union-attr]
 
 
+def test_a_new_revision_of_a_held_task_is_kept_for_the_next_one_and_its_readers() -> None:
+    """A task that changes once changes again: the revision the cache accepted is the one
+    the next revision is checked against and readers get, with no unpacking (a first
+    read's tasks, never held before, are not kept)."""
+    r = Recorder()
+    tid, fresh = new_task_id(), new_task_id()
+    r.cache.apply_put(tid, 1, envelope(tid, statusMessage="one"))
+    r.cache.apply_put(fresh, 2, envelope(fresh))
+    second = r.cache.apply_put(tid, 3, envelope(tid, statusMessage="two"))
+    assert second is not None and r.cache.get(tid) is second
+    assert r.cache.get(fresh) is not r.changes[1]  # unpacked from the cache's own bytes
+    assert r.cache.apply_put(tid, 3, envelope(tid, statusMessage="two")) is None  # same again
+    r.cache.apply_put(tid, 4, envelope(tid, "completed"))
+    assert r.cache.get(tid).status == "completed"  # type: ignore[union-attr]
+    assert r.cache.apply_put(tid, 5, envelope(tid, "working")) is None
+    assert r.rejected == [Rejected.TERMINAL_CHANGE]
+    r.cache.apply_delete(tid, 6)
+    assert r.cache.get(tid) is None
+
+
 def test_a_scan_of_every_task_keeps_its_snapshots_for_the_next() -> None:
     """An operator stream's first states: the next stream's scan unpacks nothing that
     has not changed since (100 dashboards on 10,000 tasks: 6.1 s to all synced, 2.7 s)."""
