@@ -10,9 +10,9 @@ per-frame work. Each target runs twice, with N and 2N revisions; the difference 
 N × streams frames is its instructions per frame, so start-up, imports and the streams'
 set-up cancel out. Callgrind counts user space only: the kernel's `send` is not in it.
 
-Run: `python -m bench.instructions [--streams 100] [--revisions 1000]`; needs valgrind
-(`apt-get install valgrind`). `--probe hub|raw` runs one target's path without valgrind
-(what the suite checks) and prints how many frames the reader counted.
+Run: `python -m bench.instructions [--streams 100] [--revisions 1000]`; needs valgrind,
+which it installs with apt-get when missing and run as root. `--probe hub|raw` runs one
+target's path without valgrind (what the suite checks) and prints the frames read.
 """
 
 from __future__ import annotations
@@ -20,7 +20,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import re
+import selectors
 import shutil
 import socket
 import subprocess
@@ -30,6 +32,8 @@ from pathlib import Path
 from typing import cast
 
 import uvloop
+
+from bench.peers.setup import apt_install
 
 TARGETS = ("hub", "raw")
 _TASK_ID = str(uuid.UUID(int=15))
@@ -54,8 +58,6 @@ def revision(i: int) -> bytes:
 def _reader(listener: socket.socket, streams: int) -> None:
     """The uncounted end: accept `streams` connections, read them to EOF, then print how
     many SSE frames (`data: ` lines) arrived in all."""
-    import selectors
-
     selector = selectors.DefaultSelector()
     tails: dict[socket.socket, bytes] = {}
     frames = accepted = 0
@@ -189,8 +191,14 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{args.probe}: {frames:,} frames read")
         return
     valgrind = shutil.which("valgrind")
+    if valgrind is None and os.geteuid() == 0:  # as the peers' set-up does (bench/peers/)
+        print("valgrind is missing; running apt-get install -y valgrind", file=sys.stderr)
+        failure = apt_install(["valgrind"])
+        valgrind = shutil.which("valgrind")
+        if valgrind is None:
+            sys.exit(f"apt-get install valgrind failed: {failure}")
     if valgrind is None:
-        sys.exit("valgrind is not installed: apt-get install valgrind")
+        sys.exit("valgrind is not installed, and this is not root: apt-get install valgrind")
     tool = [valgrind, "--tool=callgrind", "--callgrind-out-file=/dev/null"]
     rows = []
     for target in TARGETS:

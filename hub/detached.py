@@ -90,8 +90,7 @@ class DetachedStream(asyncio.Protocol):
 
     def write(self, data: bytes) -> None:
         assert self.transport is not None
-        # `chunk(data)`, written out: this runs once per delivered frame.
-        self.transport.write(b"".join((b"%x\r\n" % len(data), data, b"\r\n")))
+        self.transport.write(chunk(data))
 
     def abort(self) -> None:
         self.writable = False

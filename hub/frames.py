@@ -7,6 +7,7 @@ two joined. No `id:` lines: streams cannot be resumed (H25).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 import msgspec
@@ -52,10 +53,9 @@ def notification_prefix(subscription_id: bytes) -> bytes:
     )
 
 
-def task_frames(prefix: bytes, snapshots: list[TaskSnapshot]) -> bytes:
-    """`notifications/tasks` frames = the same DetailedTask bytes `tasks/get` serves (H60)."""
-    if len(snapshots) == 1:  # the usual flush: one change since the last
-        return b"".join((prefix, snapshots[0].body[1:], TASK_FRAME_END))
+def task_frames(prefix: bytes, snapshots: Iterable[TaskSnapshot]) -> bytes:
+    """`notifications/tasks` frames = the same DetailedTask bytes `tasks/get` serves (H60);
+    the fan-out's usual one-state chunk is written out in `subscriber.flush_all`."""
     parts: list[bytes] = []
     for snapshot in snapshots:
         parts += (prefix, snapshot.body[1:], TASK_FRAME_END)

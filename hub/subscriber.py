@@ -158,8 +158,8 @@ class Subscriber:
         returns the number of notifications written."""
         if not (self.backlog or self.events) or self.state is not _LIVE:
             return 0  # nothing to do, or the writer has it in hand
-        channel = self.channel  # `_writable_channel`, written out: once per frame
-        if channel is None or not channel.writable:
+        channel = self._writable_channel()
+        if channel is None:
             self.wake()
             return 0
         data, count = self.take_frames()

@@ -39,7 +39,7 @@ def _missing(requirement: Requirement) -> list[Path]:
     return [path for path in requirement.files if not path.exists()]
 
 
-def _apt_install(packages: Sequence[str]) -> str:
+def apt_install(packages: Sequence[str]) -> str:
     """Install with apt-get; "" on success, else the tail of its output."""
     try:
         done = subprocess.run(
@@ -76,7 +76,7 @@ class PeerSetup:
         if missing and self.may_install and os.geteuid() == 0:
             packages = " ".join(requirement.packages)
             self.log(f"{peer}: {missing[0]} is missing; running apt-get install -y {packages}")
-            failure = await asyncio.to_thread(_apt_install, requirement.packages)
+            failure = await asyncio.to_thread(apt_install, requirement.packages)
             if failure:
                 self.log(f"{peer}: apt-get install failed: {failure}")
             missing = _missing(requirement)
