@@ -1,22 +1,26 @@
 """A minimal watch of the task bucket, shared by the raw ceiling and the origin baseline.
 
 Both reference servers must see exactly the task states the hub sees, from the same
-NATS stream, at the same cost of the nats-py client; what they skip is everything the
-hub adds on top (validation, reader rules, metrics). Ready once every value stored
-before the watch began has been applied.
+NATS stream, read the way the hub reads them (hub/bucket_watch.py: a push consumer on a
+connection of its own, frames cut without nats-py's subscription path); what they skip is
+everything the hub adds on top (validation, reader rules, metrics). Ready once every value
+stored before the watch began has been applied.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable
 
 import nats
 from nats.aio.client import Client
-from nats.aio.msg import Msg
 from nats.js import api
 
-from bridge.wire import is_removal, kv_stream
+from bridge.wire import kv_stream
+from hub.bucket_watch import BucketWatch as Feed
+
+log = logging.getLogger("bench.watch")
 
 PutListener = Callable[[str, bytes], None]
 DeleteListener = Callable[[str], None]
@@ -28,7 +32,7 @@ class BucketWatch:
         self.on_delete = on_delete
         self.ready = asyncio.Event()
         self.nc: Client | None = None
-        self._prefix_len = 0
+        self._feed: Feed | None = None
         self._catch_up_seq = 0
 
     async def start(self, nats_url: str, bucket: str) -> None:
@@ -36,30 +40,36 @@ class BucketWatch:
         js = self.nc.jetstream()
         info = await js.stream_info(kv_stream(bucket))
         self._catch_up_seq = info.state.last_seq if info.state.messages else 0
-        self._prefix_len = len(bucket) + 5  # "$KV.<bucket>."
         if self._catch_up_seq == 0:
             self.ready.set()
-        await js.subscribe(
-            f"$KV.{bucket}.>",
-            stream=kv_stream(bucket),
-            cb=self._on_msg,
-            ordered_consumer=True,
-            config=api.ConsumerConfig(deliver_policy=api.DeliverPolicy.LAST_PER_SUBJECT),
-            pending_msgs_limit=0,
-            pending_bytes_limit=0,
+        self._feed = Feed(
+            js, kv_stream(bucket), bucket, self._apply, self._progressed, _ended, _kept
+        )
+        await self._feed.start(
+            [nats_url], {}, api.ConsumerConfig(deliver_policy=api.DeliverPolicy.LAST_PER_SUBJECT)
         )
 
-    async def _on_msg(self, msg: Msg) -> None:
-        key = msg.subject[self._prefix_len :]
-        if is_removal(msg.headers):
+    def _apply(self, key: str, seq: int, removed: bool, data: bytes) -> None:
+        if removed:
             self.on_delete(key)
         else:
-            self.on_put(key, msg.data)
-        if not self.ready.is_set():
-            meta = msg.metadata
-            if meta.num_pending == 0 or meta.sequence.stream >= self._catch_up_seq:
-                self.ready.set()
+            self.on_put(key, data)
+
+    def _progressed(self, pending: int) -> None:
+        assert self._feed is not None
+        if pending == 0 or self._feed.applied >= self._catch_up_seq:
+            self.ready.set()
 
     async def close(self) -> None:
+        if self._feed is not None:
+            await self._feed.close()
         if self.nc is not None and not self.nc.is_closed:
             await self.nc.close()
+
+
+def _ended(feed: Feed) -> None:
+    log.error("the bucket watch ended (%s): this server sees no more changes", feed.ended)
+
+
+def _kept(name: str) -> None:
+    """A consumer replaced after a lost delivery: left to expire (a bench's run is short)."""

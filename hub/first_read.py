@@ -10,7 +10,7 @@ is most of the ten seconds a replica may take to be ready. So the first read run
   order, no acknowledgements;
 - pulled on a connection of its own (same servers, credentials and TLS), whose parser cuts
   the frames of its one inbox in a single pass and hands them over in batches
-  (`FrameCutter`); every other operation (PING, INFO, -ERR) goes through nats-py's parser;
+  (`FrameCutter`, hub/frame_cutter.py), as the watch's does (hub/bucket_watch.py);
 - each message applied to the cache as the watch applies it (`apply`).
 
 It ends when the consumer has nothing pending, or has delivered the stream's last
@@ -28,14 +28,20 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import Callable
 from typing import Any
 
 from nats.aio.client import Client as NatsClient
 from nats.js import api
-from nats.protocol.parser import Parser
 
-from bridge.wire import is_removal
+from hub.frame_cutter import (
+    Apply,
+    Frame,
+    FrameCutter,
+    delivery_sequences,
+    is_delivery,
+    removes,
+    status_line,
+)
 
 log = logging.getLogger("taskhub.nats")
 
@@ -46,77 +52,6 @@ BATCH = 2048
 STALL_S = 5.0
 # The consumer outlives a hub that died mid-read by this long.
 INACTIVE_S = 10.0
-
-Frame = tuple[bytes, bytes, bytes | None, bytes]  # subject, reply, headers, payload
-# Apply one message: key, stream sequence, whether it removes the key's task, its payload.
-Apply = Callable[[str, int, bool, bytes], None]
-
-
-class FrameCutter(Parser):
-    """nats-py's parser, with MSG and HMSG frames cut in one pass and handed to `sink` in
-    batches, in order; other operations are given to nats-py's parser a line at a time."""
-
-    def __init__(self, nc: NatsClient, sink: Callable[[list[Frame]], None]) -> None:
-        super().__init__(nc)
-        self.sink = sink
-
-    async def parse(self, data: bytes = b"") -> None:
-        self.buf.extend(data)
-        chunk = bytes(self.buf)  # one copy of the chunk; each frame is sliced out once
-        frames: list[Frame] = []
-        pos, size = 0, len(chunk)
-        while pos < size:
-            eol = chunk.find(b"\r\n", pos)
-            if eol < 0:
-                break
-            if chunk.startswith(b"HMSG ", pos):  # first: the bridge's writes carry headers
-                args = chunk[pos + 5 : eol].split()
-                header_size, reply = int(args[-2]), args[2] if len(args) == 5 else b""
-            elif chunk.startswith(b"MSG ", pos):
-                args = chunk[pos + 4 : eol].split()
-                header_size, reply = 0, args[2] if len(args) == 4 else b""
-            else:
-                if frames:
-                    self.sink(frames)
-                    frames = []
-                del self.buf[: eol + 2]
-                await self._one_line(chunk[pos : eol + 2])
-                chunk = bytes(self.buf)
-                pos, size = 0, len(chunk)
-                continue
-            start = eol + 2
-            end = start + int(args[-1])
-            if end + 2 > size:
-                break  # the rest of this frame is still on its way
-            headers = chunk[start : start + header_size] if header_size else None
-            frames.append((args[0], reply, headers, chunk[start + header_size : end]))
-            pos = end + 2
-        del self.buf[:pos]
-        if frames:
-            self.sink(frames)
-
-    async def _one_line(self, line: bytes) -> None:
-        """One control line (not a message) through nats-py's own parser."""
-        rest, self.buf = self.buf, bytearray(line)
-        try:
-            await super().parse()
-        finally:
-            self.buf = rest
-
-
-def removes(raw: bytes | None) -> bool:
-    """True when a frame's headers make it a removal, as `is_removal` reads nats-py's. A
-    put's headers, naming neither removal header, are not parsed."""
-    # `find`, not `in`: bytes' `in` first tries its operand as an integer, and the TypeError
-    # it raises and clears costs more than the search (CPython 3.11: ~200 ns against ~70).
-    if raw is None or (raw.find(b"KV-Operation") < 0 and raw.find(b"Nats-Marker-Reason") < 0):
-        return False
-    headers = {}
-    for line in raw.decode(errors="replace").split("\r\n")[1:]:
-        name, colon, value = line.partition(":")
-        if colon:
-            headers[name.strip()] = value.strip()
-    return is_removal(headers)
 
 
 class FirstRead:
@@ -135,7 +70,6 @@ class FirstRead:
         self.consumer = ""
         self._prefix = len(f"$KV.{bucket}.")
         self._delivered = 0  # the consumer sequence of the last message taken
-        self._cut_at = 0  # how many tokens of a reply subject follow its stream sequence
         self._stop_seq = 0
         self._done = asyncio.Event()
         self._progress = asyncio.Event()
@@ -196,24 +130,18 @@ class FirstRead:
         applied = self.applied
         try:
             for subject, reply, headers, payload in frames:
-                # $JS.ACK.<stream>.<consumer>.<n>.<sseq>.<cseq>.<ts>.<pending>, or with
-                # <domain>.<account hash> before <stream> and a <token> after <pending>.
-                if not reply.startswith(b"$JS.ACK."):  # a status message: 409 ... or so
-                    status = (headers or b"").split(b"\r\n", 1)[0].decode(errors="replace")
-                    self._end(f"status {status!r}")
+                if not is_delivery(reply):  # a status message: 409 ... or so
+                    self._end(f"status {status_line(headers)!r}")
                     return
-                if not self._cut_at:
-                    self._cut_at = 5 if reply.count(b".") == 11 else 4
-                tokens = reply.rsplit(b".", self._cut_at)
-                if int(tokens[2]) != delivered + 1:
-                    self._end(f"consumer sequence {int(tokens[2])} after {delivered}")
+                seq, consumer_seq, pending = delivery_sequences(reply)
+                if consumer_seq != delivered + 1:
+                    self._end(f"consumer sequence {consumer_seq} after {delivered}")
                     return
-                seq = int(tokens[1])
                 removed = removes(headers)
                 apply(subject[prefix:].decode(), seq, removed, payload)
                 applied = seq
                 delivered += 1
-                if seq >= stop_seq or tokens[4] == b"0":  # delivered the last, or no more
+                if seq >= stop_seq or pending == 0:  # delivered the last, or no more
                     self._done.set()
                     break
         except Exception as exc:  # a bug: end here, the watch reads the rest

@@ -1,11 +1,12 @@
 """The hub's NATS side: watch the task bucket into the cache, read through on a miss.
 
 The watch is an ordered push consumer over the bucket's stream (last value per key,
-then every change). Catch-up is decided from the stream itself, not from the first
-"no pending" marker alone (nats.py's KV watcher can signal it early, upstream PR 995):
-the cache is caught up once it has applied everything up to the stream's last
-sequence as seen after the consumer was made, or the consumer reports nothing pending
-and nothing undelivered. Only then is the hub ready.
+then every change), read on a connection of its own (hub/bucket_watch.py). Catch-up is
+decided from the stream itself, not from the first "no pending" marker alone (nats.py's
+KV watcher can signal it early, upstream PR 995): the cache is caught up once it has
+applied everything up to the stream's last sequence as seen after the consumer was made,
+or the consumer reports nothing pending and nothing undelivered. Only then is the hub
+ready.
 
 A miss reads the key from the stream leader (`STREAM.MSG.GET`, not a direct get that
 a lagging follower could answer), so a task created anywhere is found everywhere
@@ -28,7 +29,6 @@ from typing import Any
 
 import nats
 from nats.aio.client import Client as NatsClient
-from nats.aio.msg import Msg
 from nats.js import api
 from nats.js.errors import NotFoundError
 
@@ -41,6 +41,7 @@ from bridge.wire import (
     kv_stream,
     kv_subject,
 )
+from hub.bucket_watch import BucketWatch
 from hub.cache import TaskCache, TaskSnapshot
 from hub.checkpoints import Checkpoints
 from hub.first_read import FirstRead
@@ -62,6 +63,8 @@ WATCH_STALE_BOUND_S = max(
 )
 # How long a miss waits for a store answer at least as new as the hub's view.
 CONFIRM_MISS_S = 2.0
+# How long a closing hub waits to delete its watch's consumer (else it expires).
+CLOSE_DELETE_S = 1.0
 
 
 def read_sync_policy(monitor_url: str, timeout: float) -> str | None:
@@ -83,19 +86,6 @@ def read_sync_policy(monitor_url: str, timeout: float) -> str | None:
 
 class StoreUnavailable(RuntimeError):
     """NATS could not answer a read-through; the caller answers -32603 (H70)."""
-
-
-def _sequence_and_pending(msg: Msg) -> tuple[int, int]:
-    """Stream sequence and messages pending, read straight from the JetStream reply
-    subject: nats-py's `Msg.metadata` also builds a datetime and two objects per message,
-    a tenth of a cold start's CPU."""
-    tokens = (msg.reply or "").split(".")
-    if len(tokens) == 9:  # $JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.<cseq>.<ts>.<pending>
-        return int(tokens[5]), int(tokens[8])
-    if len(tokens) >= 11 and tokens[0] == "$JS":  # with domain and account hash (2.10+)
-        return int(tokens[7]), int(tokens[10])
-    meta = msg.metadata  # raises: not a JetStream message
-    return meta.sequence.stream, meta.num_pending
 
 
 def _created(info: api.StreamInfo) -> str:
@@ -130,7 +120,7 @@ class NatsSource:
         self.request_timeout = request_timeout
         self.nc: NatsClient | None = None
         self.js: Any = None
-        self._sub: Any = None
+        self._feed: BucketWatch | None = None
         self._caught_up = asyncio.Event()
         self._catch_up_seq = 0  # stream sequence the cache must reach to be current
         self._applied_seq = 0  # highest stream sequence applied from the watch
@@ -249,15 +239,15 @@ class NatsSource:
         stuck, last_delivered = 0, -1
         while not self._closing:
             await asyncio.sleep(WATCH_CHECK_S)
-            sub = self._sub
-            if not self.ready or sub is None:
+            feed = self._feed
+            if not self.ready or feed is None:
                 stuck, last_delivered = 0, -1
                 continue
             try:
                 async with asyncio.timeout(WATCH_CHECK_TIMEOUT_S):
-                    info = await sub.consumer_info()
+                    info = await self.js.consumer_info(self.stream, feed.consumer)
             except Exception as exc:
-                if sub is self._sub and self.ready:
+                if feed is self._feed and self.ready:
                     log.warning("bucket watch consumer unreachable (%s); re-watching", exc)
                     stuck, last_delivered = 0, -1
                     self._restart_watch()
@@ -312,16 +302,17 @@ class NatsSource:
             )
         self._catch_up_seq = last_seq
         self._seen_seq = max(self._seen_seq, last_seq)
-        self._sub = await self.js.subscribe(
-            f"$KV.{self.bucket}.>",
-            stream=self.stream,
-            cb=self._on_msg,
-            ordered_consumer=True,
-            config=config,
-            idle_heartbeat=2.0,
-            pending_msgs_limit=0,
-            pending_bytes_limit=0,
+        feed = BucketWatch(
+            self.js,
+            self.stream,
+            self.bucket,
+            self._apply,
+            self._progressed,
+            self._feed_ended,
+            self._forget_consumer,
         )
+        await feed.start(self._servers, self.nats_options, config)
+        self._feed = feed
         if self._catch_up_seq <= self._applied_seq:
             self._mark_caught_up()
         else:
@@ -361,7 +352,7 @@ class NatsSource:
     async def _rewatch(self, counted: bool = True) -> None:
         """After a reconnect: drop the old consumer and resume from the last applied value."""
         while not self._closing:
-            old, self._sub = self._sub, None
+            old, self._feed = self._feed, None
             for task in (self._catch_up_task, self._first_read_task):
                 if task is not None:
                     task.cancel()
@@ -378,10 +369,10 @@ class NatsSource:
 
     async def _confirm_catch_up(self) -> None:
         """The last message may have expired before delivery: ask the consumer too."""
-        sub = self._sub
-        while not self._caught_up.is_set() and sub is self._sub:
+        feed = self._feed
+        while not self._caught_up.is_set() and feed is self._feed and feed is not None:
             try:
-                info = await sub.consumer_info()
+                info = await self.js.consumer_info(self.stream, feed.consumer)
                 if info.num_pending == 0 and info.delivered.stream_seq <= self._applied_seq:
                     self._mark_caught_up()
                     return
@@ -395,10 +386,8 @@ class NatsSource:
             self._caught_up.set()
             self.metrics.ready.set(1)
 
-    async def _on_msg(self, msg: Msg) -> None:
-        seq, pending = _sequence_and_pending(msg)
-        # The key: the subject without "$KV.<bucket>."
-        self._apply(msg.subject[len(self.bucket) + 5 :], seq, is_removal(msg.headers), msg.data)
+    def _progressed(self, pending: int) -> None:
+        """The watch applied a batch; `pending` is what its consumer had left to send."""
         if not self._caught_up.is_set() and (
             pending == 0 or self._applied_seq >= self._catch_up_seq
         ):
@@ -489,6 +478,13 @@ class NatsSource:
         ):
             if task is not None:
                 task.cancel()
+        feed, self._feed = self._feed, None
+        if feed is not None:
+            await feed.close()  # nothing is applied after this
+            if feed.consumer and self.nc is not None and self.nc.is_connected:
+                with contextlib.suppress(Exception):
+                    async with asyncio.timeout(CLOSE_DELETE_S):
+                        await self.js.delete_consumer(self.stream, feed.consumer)
         if self.checkpoints is not None:
             await self.checkpoints.close()
         if self.nc is not None and not self.nc.is_closed:
@@ -500,22 +496,27 @@ class NatsSource:
         if self.checkpoints is not None:
             self.checkpoints.save()
 
-    async def _discard(self, sub: Any) -> None:
-        """Unsubscribe a watch now; delete its consumer in the background, since its node
-        may be dead and a re-watch must not wait for that request to time out."""
-        with contextlib.suppress(Exception):
-            await sub.unsubscribe()
-        self._forget_consumer(sub)
+    def _feed_ended(self, feed: BucketWatch) -> None:
+        """The watch ended by itself (a gap, a status, its connection lost): make another."""
+        if feed is self._feed and not self._closing:
+            log.warning("bucket watch ended (%s); re-watching", feed.ended)
+            self._restart_watch()
 
-    def _forget_consumer(self, consumer: Any) -> None:
-        """Delete a consumer (a watch's subscription, or a name) in the background."""
-        task = asyncio.create_task(self._delete_consumer(consumer))
+    async def _discard(self, feed: BucketWatch) -> None:
+        """Stop a watch now; delete its consumer in the background, since its node may be
+        dead and a re-watch must not wait for that request to time out."""
+        await feed.close()
+        if feed.consumer:
+            self._forget_consumer(feed.consumer)
+
+    def _forget_consumer(self, name: str) -> None:
+        """Delete a consumer in the background."""
+        task = asyncio.create_task(self._delete_consumer(name))
         self._cleanups.add(task)
         task.add_done_callback(self._cleanups.discard)
 
-    async def _delete_consumer(self, consumer: Any) -> None:
+    async def _delete_consumer(self, name: str) -> None:
         with contextlib.suppress(Exception):
-            name = consumer if isinstance(consumer, str) else (await consumer.consumer_info()).name
             await self.js.delete_consumer(self.stream, name)
 
     async def _on_disconnected(self) -> None:

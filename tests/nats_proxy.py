@@ -9,8 +9,10 @@ follows it, the "ack lost, read-back failed" fault of a deposed or partitioned l
 
 `rewrite_replies(prefix, rewrite)` replaces the server's reply to each request whose
 subject starts with `prefix` by `rewrite(subject, reply)`: the answer of a deposed leader
-from its old store. `hold_deliveries()` keeps JetStream push deliveries (and heartbeats on
-their subjects) from the client until `release_deliveries()`: a watch running behind.
+from its old store. `hold_deliveries()` keeps JetStream push deliveries (and the
+heartbeats of their subscriptions) from the client until `release_deliveries()`: a watch
+running behind. `drop_deliveries(count)` loses the next `count` push deliveries: a watch
+that missed a message.
 """
 
 from __future__ import annotations
@@ -41,7 +43,10 @@ class NatsProxy:
         self._rewrite: tuple[bytes, Rewrite] | None = None
         self._requests: dict[bytes, bytes] = {}  # reply inbox → subject of its request
         self._holding = False
-        self._deliver_subjects: set[bytes] = set()
+        self._to_drop = 0  # push deliveries still to lose
+        self.dropped_deliveries = 0
+        # (client connection, sid) of each subscription that push deliveries came to
+        self._delivering: set[tuple[asyncio.StreamWriter, bytes]] = set()
         self._held: list[tuple[asyncio.StreamWriter, bytes]] = []
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -60,6 +65,9 @@ class NatsProxy:
 
     def hold_deliveries(self) -> None:
         self._holding = True
+
+    def drop_deliveries(self, count: int) -> None:
+        self._to_drop = count
 
     async def release_deliveries(self) -> None:
         self._holding = False
@@ -117,7 +125,7 @@ class NatsProxy:
             if line.startswith((b"MSG ", b"HMSG ")):
                 size = int(line.split()[-1])
                 payload = await reader.readexactly(size + 2)  # and its CRLF
-                if self._drop(line):
+                if self._drop(line) or self._drop_delivery(line):
                     continue
                 line, payload = self._rewritten(line, payload)
                 if self._hold(writer, line + payload):
@@ -137,11 +145,18 @@ class NatsProxy:
 
     def _hold(self, writer: asyncio.StreamWriter, data: bytes) -> bool:
         parts = data.split(b"\r\n", 1)[0].split()
-        if len(parts) >= 5 and parts[3].startswith(b"$JS.ACK."):
-            self._deliver_subjects.add(parts[1])  # a push consumer's deliveries go here
-        if not self._holding or parts[1] not in self._deliver_subjects:
+        if _is_delivery(parts):
+            self._delivering.add((writer, parts[2]))  # a push consumer's subscription
+        if not self._holding or (writer, parts[2]) not in self._delivering:
             return False
         self._held.append((writer, data))
+        return True
+
+    def _drop_delivery(self, line: bytes) -> bool:
+        if not self._to_drop or not _is_delivery(line.split()):
+            return False
+        self._to_drop -= 1
+        self.dropped_deliveries += 1
         return True
 
     def _drop(self, line: bytes) -> bool:
@@ -154,3 +169,8 @@ class NatsProxy:
             self.plan = None
             self.lost.set()
         return True
+
+
+def _is_delivery(parts: list[bytes]) -> bool:
+    """`MSG|HMSG <subject> <sid> <reply> …` of a JetStream push delivery."""
+    return len(parts) >= 5 and parts[3].startswith(b"$JS.ACK.")

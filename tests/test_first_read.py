@@ -1,4 +1,5 @@
-"""The first read's frame cutter and its bookkeeping, fed the bytes NATS sends."""
+"""The frame cutter (the first read's and the watch's) and the first read's bookkeeping,
+fed the bytes NATS sends."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ import itertools
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hub.first_read import FirstRead, Frame, FrameCutter, removes
+from hub.first_read import FirstRead
+from hub.frame_cutter import Frame, FrameCutter, delivery_sequences, removes
 
 V1 = b"$JS.ACK.KV_b.c1.1.%d.%d.1700000000000000000.%d"
 V2 = b"$JS.ACK._.ACC.KV_b.c1.1.%d.%d.1700000000000000000.%d.tok"
@@ -59,6 +61,24 @@ def test_frames_come_out_whole_and_in_order_however_the_bytes_are_cut(cuts: list
     asyncio.run(feed())
     assert got == expected
     assert cutter.buf == b""
+
+
+def test_with_a_sid_set_only_that_subscriptions_frames_come_out() -> None:
+    old = msg(b"$KV.b.k1", V1 % (1, 1, 1), b"old") + hmsg(
+        b"_INBOX.a", b"", b"NATS/1.0 100 x\r\n\r\n", b""
+    )
+    new = msg(b"$KV.b.k1", V1 % (2, 1, 0), b"new")
+    got: list[Frame] = []
+    cutter = FrameCutter(None, got.extend)  # type: ignore[arg-type]
+    cutter.sid = b"2"
+    asyncio.run(cutter.parse(old + new.replace(b" 1 ", b" 2 ", 1)))
+    assert got == [(b"$KV.b.k1", V1 % (2, 1, 0), None, b"new")]
+    assert cutter.buf == b""
+
+
+def test_both_reply_subject_forms_give_the_sequences() -> None:
+    assert delivery_sequences(V1 % (50, 7, 3)) == (50, 7, 3)
+    assert delivery_sequences(V2 % (50, 7, 3)) == (50, 7, 3)
 
 
 PUT = b"NATS/1.0\r\nNats-Expected-Stream: KV_b\r\nNats-TTL: 60\r\n\r\n"

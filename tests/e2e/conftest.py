@@ -1,4 +1,4 @@
-"""Fixtures of the real-client tests (tests/e2e/npm.py)."""
+"""Fixtures of the end-to-end tests: real clients (tests/e2e/npm.py), the NATS proxy."""
 
 from __future__ import annotations
 
@@ -6,11 +6,13 @@ import shutil
 import tempfile
 from collections.abc import AsyncIterator
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 
 from tests.e2e import npm
 from tests.e2e.mcpdo import Mcpdo
+from tests.nats_proxy import NatsProxy
 
 
 @pytest.fixture(scope="session")
@@ -40,3 +42,14 @@ async def mcpdo(node: str) -> AsyncIterator[Mcpdo]:
     finally:
         await client.stop_daemon()
         shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
+async def proxy(nats_url: str) -> AsyncIterator[NatsProxy]:
+    """A TCP proxy to the session's nats-server that loses what a test tells it to."""
+    parts = urlsplit(nats_url)
+    assert parts.hostname is not None and parts.port is not None
+    proxy = NatsProxy(parts.hostname, parts.port)
+    await proxy.start()
+    yield proxy
+    await proxy.stop()

@@ -8,9 +8,6 @@ outcome, or, when it cannot, raise `CreateOutcomeUnknown` naming the id.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from urllib.parse import urlsplit
-
 import msgspec
 import nats
 import pytest
@@ -19,16 +16,6 @@ from bridge import CreateOutcomeUnknown, TaskBridge
 from tests.nats_proxy import NatsProxy
 
 pytestmark = pytest.mark.timeout(60)
-
-
-@pytest.fixture
-async def proxy(nats_url: str) -> AsyncIterator[NatsProxy]:
-    parts = urlsplit(nats_url)
-    assert parts.hostname is not None and parts.port is not None
-    proxy = NatsProxy(parts.hostname, parts.port)
-    await proxy.start()
-    yield proxy
-    await proxy.stop()
 
 
 async def tasks_of(nats_url: str, bucket: str, server_id: str) -> set[str]:
