@@ -1,7 +1,7 @@
 """Fleet change events from NATS to listen streams (docs/fleet-events.md).
 
 Servers publish `mcp.events.<service>.<kind>` on core NATS (bridge/events.py, or any
-client). The hub subscribes to all of them on its one NATS connection, checks each (a
+client). The hub subscribes to all of them on its main NATS connection, checks each (a
 well-formed subject, a known kind, a valid payload; anything else is dropped and counted)
 and hands it to the fan-out, which delivers it on the streams opened at that service's
 endpoint. After a reconnect, every followed event is sent once (`Fanout.resend_events`):
