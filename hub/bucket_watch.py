@@ -95,6 +95,7 @@ class BucketWatch:
         self._config: api.ConsumerConfig | None = None
         self._resuming: asyncio.Task[None] | None = None
         self._replies: set[asyncio.Task[None]] = set()
+        self._started = False  # errors before this are connection attempts nats-py retries
 
     async def start(
         self, servers: list[str], options: dict[str, Any], config: api.ConsumerConfig
@@ -124,6 +125,9 @@ class BucketWatch:
                 **options,
             )
             await self._follow(self._config)
+            if self.ended:  # the connection was lost while the consumer was being made
+                raise ConnectionError(f"the watch ended as it started: {self.ended}")
+            self._started = True
         except BaseException:
             await self.close()
             raise
@@ -242,7 +246,10 @@ class BucketWatch:
             self.on_end(self)
 
     async def _on_error(self, exc: Exception) -> None:
-        self._end(f"NATS error: {exc}")
+        # While connecting, nats-py reports each server it could not reach, then tries the
+        # next; `start` raises if none answers.
+        if self._started:
+            self._end(f"NATS error: {exc}")
 
     async def _on_closed(self) -> None:
         self._end("connection closed")

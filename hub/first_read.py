@@ -73,6 +73,7 @@ class FirstRead:
         self._stop_seq = 0
         self._done = asyncio.Event()
         self._progress = asyncio.Event()
+        self._connected = False
 
     async def run(self, servers: list[str], options: dict[str, Any], last_seq: int) -> None:
         """Read until the consumer has nothing pending or has delivered `last_seq`."""
@@ -87,6 +88,7 @@ class FirstRead:
                 closed_cb=self._on_closed,
                 **options,
             )
+            self._connected = True
             inbox = nc.new_inbox()
             await nc.subscribe(inbox)  # the one subscription: every frame is for it
             info = await self.js.add_consumer(
@@ -159,7 +161,10 @@ class FirstRead:
         self._progress.set()
 
     async def _on_error(self, exc: Exception) -> None:
-        self._end(f"NATS error: {exc}")
+        # While connecting, nats-py reports each server it could not reach, then tries the
+        # next; `connect` raises if none answers.
+        if self._connected:
+            self._end(f"NATS error: {exc}")
 
     async def _on_closed(self) -> None:
         self._end("connection closed")

@@ -19,7 +19,7 @@ from nats.js import api
 
 from bridge.wire import kv_stream, kv_subject
 from hub.bucket_watch import BucketWatch
-from tests.helpers import envelope, eventually, new_task_id, start_hub
+from tests.helpers import envelope, eventually, free_port, new_task_id, start_hub
 from tests.nats_proxy import NatsProxy
 
 pytestmark = pytest.mark.timeout(60)
@@ -41,8 +41,10 @@ class Watched:
 
 
 @contextlib.asynccontextmanager
-async def watching(js: Any, bucket: str, url: str) -> AsyncIterator[Watched]:
-    """A watch of `bucket` through `url` from the last value of every key, closed after."""
+async def watching(
+    js: Any, bucket: str, *urls: str, options: dict[str, Any] | None = None
+) -> AsyncIterator[Watched]:
+    """A watch of `bucket` through `urls` from the last value of every key, closed after."""
     holder: list[Watched] = []
 
     def apply(key: str, seq: int, removed: bool, data: bytes) -> None:
@@ -59,7 +61,9 @@ async def watching(js: Any, bucket: str, url: str) -> AsyncIterator[Watched]:
     )
     holder.append(Watched(watch))
     await watch.start(
-        [url], {}, api.ConsumerConfig(deliver_policy=api.DeliverPolicy.LAST_PER_SUBJECT)
+        list(urls),
+        options or {},
+        api.ConsumerConfig(deliver_policy=api.DeliverPolicy.LAST_PER_SUBJECT),
     )
     try:
         yield holder[0]
@@ -140,6 +144,18 @@ async def test_a_lost_last_delivery_is_read_again_after_the_next_heartbeat(
         await eventually(lambda: watched.key_list() == ["k1", "k2"], timeout=15)
         assert watched.applied[-1] == ("k2", lost, False)
         assert proxy.dropped_deliveries == 1 and watched.ends == []
+
+
+async def test_a_server_that_cannot_be_reached_first_does_not_end_the_watch(
+    js: Any, bucket: str, nats_url: str
+) -> None:
+    """nats-py reports each server it cannot reach while connecting, then tries the next:
+    a cluster node down as the watch is made must not leave a watch that reads nothing."""
+    down = f"nats://127.0.0.1:{free_port()}"
+    async with watching(js, bucket, down, nats_url, options={"dont_randomize": True}) as watched:
+        await put(js, bucket, "k1")
+        await eventually(lambda: watched.key_list() == ["k1"])
+        assert watched.ends == [] and watched.watch.ended == ""
 
 
 async def test_a_lost_connection_ends_the_watch_once(

@@ -19,7 +19,7 @@ from hub.cache import Rejected, TaskCache
 from hub.embedded_nats import NatsServerProcess
 from hub.metrics import Metrics
 from hub.nats_source import NatsSource
-from tests.helpers import envelope, eventually, new_task_id
+from tests.helpers import envelope, eventually, free_port, new_task_id
 
 
 async def put_many(nc: Any, js: Any, bucket: str, values: dict[str, bytes]) -> None:
@@ -90,6 +90,25 @@ async def test_a_hub_with_nothing_cached_reads_every_task_in_bulk(
             return bool((await js.stream_info(kv_stream(bucket))).state.consumer_count == 1)
 
         await eventually(only_the_watch_consumer, timeout=15)
+    finally:
+        await source.close()
+
+
+async def test_a_server_that_cannot_be_reached_first_does_not_end_the_first_read(
+    nc: Any, js: Any, bucket: str, nats_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """nats-py reports each server it cannot reach while connecting, then tries the next:
+    a cluster node down as the hub starts must not cut its first read short."""
+    caplog.set_level(logging.INFO, logger="taskhub.nats")
+    ids = await filled(nc, js, bucket, 300)
+    down = f"nats://127.0.0.1:{free_port()}"
+    source = source_for(f"{down},{nats_url}", bucket, dont_randomize=True)
+    await source.start()
+    try:
+        await source.wait_caught_up(30)
+        lines = first_read_lines(caplog)
+        assert lines and lines[0].startswith(f"first read: {len(ids)} messages in"), lines
+        assert len(source.cache) == len(ids)
     finally:
         await source.close()
 
