@@ -244,6 +244,21 @@ def test_tick_sends_keepalives_to_idle_streams_and_drops_stalled_ones() -> None:
     assert stuck.ended
 
 
+def test_the_tick_drops_a_stalled_stream_written_to_within_the_keepalive() -> None:
+    """A send timeout shorter than the keep-alive: the stream's last write is recent, yet
+    its writer has been stuck past the timeout, so it is due all the same."""
+    fanout = Fanout(Metrics())
+    stuck, stuck_channel = live(fanout, ["a"])
+    fresh, fresh_channel = live(fanout, ["b"])
+    stuck.last_write = fresh.last_write = 9.0
+    stuck.blocking(9.0)
+    fanout.tick(now=11.0, keepalive=15.0, send_timeout=1.0)
+    assert stuck.end_reason is EndReason.SEND_TIMEOUT and stuck_channel.aborted
+    assert not fresh.ended and fresh_channel.chunks == []
+    fanout.tick(now=24.0, keepalive=15.0, send_timeout=1.0)  # exactly `keepalive` idle
+    assert fresh_channel.chunks == [b":\n\n"] and fresh.last_write == 24.0
+
+
 async def test_a_keepalive_for_a_stream_that_cannot_take_it_goes_through_its_writer() -> None:
     fanout = Fanout(Metrics())
     sub, channel = live(fanout, ["a"])
