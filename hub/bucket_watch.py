@@ -124,6 +124,7 @@ class BucketWatch:
                 closed_cb=self._on_closed,
                 **options,
             )
+            self._cutter.attach()
             await self._follow(self._config)
             if self.ended:  # the connection was lost while the consumer was being made
                 raise ConnectionError(f"the watch ended as it started: {self.ended}")

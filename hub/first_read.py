@@ -78,7 +78,7 @@ class FirstRead:
     async def run(self, servers: list[str], options: dict[str, Any], last_seq: int) -> None:
         """Read until the consumer has nothing pending or has delivered `last_seq`."""
         nc = NatsClient()
-        nc._ps = FrameCutter(nc, self._take)  # nats-py has no public hook for its parser
+        nc._ps = cutter = FrameCutter(nc, self._take)  # nats-py has no hook for its parser
         try:
             await nc.connect(
                 servers=servers,
@@ -89,6 +89,7 @@ class FirstRead:
                 **options,
             )
             self._connected = True
+            cutter.attach()
             inbox = nc.new_inbox()
             await nc.subscribe(inbox)  # the one subscription: every frame is for it
             info = await self.js.add_consumer(

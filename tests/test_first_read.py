@@ -63,6 +63,72 @@ def test_frames_come_out_whole_and_in_order_however_the_bytes_are_cut(cuts: list
     assert cutter.buf == b""
 
 
+class _Inner:
+    """nats-py's protocol, as `attach` finds it: what is passed on reaches its reader."""
+
+    def __init__(self) -> None:
+        self.passed: list[bytes] = []
+
+    def data_received(self, data: bytes) -> None:
+        self.passed.append(data)
+
+
+class _Transport:
+    def __init__(self) -> None:
+        self.protocol: object = _Inner()
+
+    def get_protocol(self) -> object:
+        return self.protocol
+
+    def set_protocol(self, protocol: object) -> None:
+        self.protocol = protocol
+
+
+class _Nats:
+    """Just what `attach` reads of a connected nats-py client: its transport's reader and
+    writer (asyncio's StreamReader keeps unread bytes in `_buffer`)."""
+
+    def __init__(self, unread: bytes) -> None:
+        transport = _Transport()
+        reader = type("Reader", (), {"_buffer": bytearray(unread)})()
+        writer = type("Writer", (), {"transport": transport})()
+        self._transport = type("Tcp", (), {"_io_reader": reader, "_io_writer": writer})()
+        self.transport = transport
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    split=st.integers(min_value=0, max_value=10_000),
+    cuts=st.lists(st.integers(min_value=0, max_value=10_000), max_size=30),
+)
+def test_attached_frames_come_out_whole_and_control_lines_go_on_to_nats_py(
+    split: int, cuts: list[int]
+) -> None:
+    """Bytes the reader held unread when `attach` came (`split`) are cut first, then every
+    read the transport delivers to the protocol, however cut; the lines that are not
+    frames reach nats-py's reader whole and in order."""
+    expected, _ = frames_and_wire(24)
+    pieces = [
+        msg(subject, reply, payload) if headers is None else hmsg(subject, reply, headers, payload)
+        for subject, reply, headers, payload in expected
+    ]
+    control = [b"PING\r\n", b'INFO {"server_id":"x"}\r\n', b"-ERR 'Permissions'\r\n"]
+    for at, line in ((24, control[2]), (12, control[1]), (8, control[0])):
+        pieces.insert(at, line)  # between frames, as the server sends them
+    wire = b"".join(pieces)
+    split = min(split, len(wire))
+    got: list[Frame] = []
+    nc = _Nats(wire[:split])
+    cutter = FrameCutter(nc, got.extend)  # type: ignore[arg-type]
+    inner = nc.transport.protocol
+    assert cutter.attach() and nc.transport.protocol is not inner
+    bounds = sorted({split, len(wire)} | {min(max(cut, split), len(wire)) for cut in cuts})
+    for start, end in itertools.pairwise(bounds):
+        nc.transport.protocol.data_received(wire[start:end])  # type: ignore[attr-defined]
+    assert got == expected
+    assert inner.passed == control  # type: ignore[attr-defined]
+
+
 def test_with_a_sid_set_only_that_subscriptions_frames_come_out() -> None:
     old = msg(b"$KV.b.k1", V1 % (1, 1, 1), b"old") + hmsg(
         b"_INBOX.a", b"", b"NATS/1.0 100 x\r\n\r\n", b""
