@@ -55,6 +55,15 @@ log = logging.getLogger("taskhub.nats")
 IDLE_HEARTBEAT_S = 2.0
 
 
+def _nothing() -> None:
+    return None
+
+
+# Called before and after each batch of frames is applied (the fan-out's hold and release).
+Batch = tuple[Callable[[], None], Callable[[], None]]
+NO_BATCH: Batch = (_nothing, _nothing)
+
+
 class BucketWatch:
     """One watch of `stream`'s keys under `$KV.<bucket>.`, from `config`'s deliver policy.
 
@@ -76,6 +85,7 @@ class BucketWatch:
         progressed: Callable[[int], None],
         on_end: Callable[[BucketWatch], None],
         forget: Callable[[str], None],
+        batch: Batch = NO_BATCH,
     ) -> None:
         self.js = js
         self.stream = stream
@@ -83,6 +93,7 @@ class BucketWatch:
         self.progressed = progressed
         self.on_end = on_end
         self.forget = forget
+        self.batch = batch
         self.consumer = ""
         self.applied = 0
         self.ended = ""
@@ -164,9 +175,18 @@ class BucketWatch:
                 await self._nc.close()
 
     def _take(self, frames: list[Frame]) -> None:
-        """Apply a batch of frames in order, up to the first that shows a lost delivery."""
+        """Apply a batch of frames in order, up to the first that shows a lost delivery,
+        between the two calls of `batch`."""
         if self.ended:
             return
+        begin, end = self.batch
+        begin()
+        try:
+            self._apply_all(frames)
+        finally:
+            end()
+
+    def _apply_all(self, frames: list[Frame]) -> None:
         apply, prefix = self.apply, self._subject_prefix
         cut = len(prefix)
         pending = -1

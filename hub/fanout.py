@@ -4,12 +4,12 @@ Each stream (hub/subscriber.py) keeps a backlog of at most one snapshot per task
 follows, so a stalled client costs memory bounded by the tasks it follows, never by
 the update rate (invariant 5).
 
-Delivery is batched per event-loop turn: `publish` marks followers dirty and one
-flush per turn writes each dirty stream's backlog as one chunk, straight to its socket
-(hub/connection.py) when the socket takes it. Only a stream that cannot take a write
-now (socket buffer full, or no direct channel) wakes its own task, which awaits the
-ASGI `send`. One hub-wide tick, not a timer per stream, sends keep-alives and drops
-streams whose client stopped reading.
+Delivery is batched per event-loop turn, or per read of the watch (`hold`, `release`):
+`publish` marks followers dirty and one flush writes each dirty stream's backlog as one
+chunk, straight to its socket (hub/connection.py) when the socket takes it. Only a
+stream that cannot take a write now (socket buffer full, or no direct channel) wakes its
+own task, which awaits the ASGI `send`. One hub-wide tick, not a timer per stream, sends
+keep-alives and drops streams whose client stopped reading.
 
 Operator streams (hub/watcher.py, docs/dashboard.md) are watchers: they see every published
 revision and removal through their own filter. Their flush runs at most every
@@ -54,6 +54,7 @@ class Fanout:
         self._by_event: dict[EventKey, dict[Subscriber, str]] = {}
         self._events_of: dict[Subscriber, list[EventKey]] = {}
         self._flush_scheduled = False
+        self._held = False  # between `hold` and `release`: no turn of its own for the flush
         self._metrics = metrics
         self._empty = asyncio.Event()
         self._empty.set()
@@ -184,9 +185,20 @@ class Fanout:
             self._metrics.notifications_sent.inc(sent)
 
     def _schedule_flush(self) -> None:
-        if not self._flush_scheduled:
+        if not self._flush_scheduled and not self._held:
             self._flush_scheduled = True
             asyncio.get_running_loop().call_soon(self._flush)
+
+    def hold(self) -> None:
+        """What is published until `release` is written by it rather than in a loop turn
+        of its own: the changes of one read of the watch go out as the last is applied.
+        A turn more per read was an event-loop pass and a `epoll_wait` per revision."""
+        self._held = True
+
+    def release(self) -> None:
+        self._held = False
+        if self._dirty:
+            self._flush()
 
     def follow_events(
         self,

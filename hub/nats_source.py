@@ -41,7 +41,7 @@ from bridge.wire import (
     kv_stream,
     kv_subject,
 )
-from hub.bucket_watch import BucketWatch
+from hub.bucket_watch import NO_BATCH, Batch, BucketWatch
 from hub.cache import TaskCache, TaskSnapshot
 from hub.checkpoints import Checkpoints
 from hub.first_read import FirstRead
@@ -146,6 +146,8 @@ class NatsSource:
         )
         self._cleanups: set[asyncio.Task[None]] = set()
         self.on_reconnected: Callable[[], None] | None = None  # after the watch is restarted
+        # Called around each batch of changes the watch read at once (the fan-out's).
+        self.batch: Batch = NO_BATCH
 
     @property
     def ready(self) -> bool:
@@ -310,6 +312,7 @@ class NatsSource:
             self._progressed,
             self._feed_ended,
             self._forget_consumer,
+            self.batch,
         )
         await feed.start(self._servers, self.nats_options, config)
         self._feed = feed

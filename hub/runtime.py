@@ -55,6 +55,7 @@ class Hub:
         self._fleet_frames = (b"", b"")  # the latest `fleet` event: without, with servers
         self.events = EventSource(self.fanout, self.metrics)
         self.source.on_reconnected = self.events.reconnected
+        self.source.batch = (self.fanout.hold, self.fanout.release)
         self.resource_rule = load_resource_rule(config.resource_rule)
         self.metrics.cached_tasks.track(lambda: len(self.cache))
         self.metrics.operator_streams.track(lambda: self.fanout.watchers)

@@ -333,3 +333,21 @@ def test_task_states_are_framed_alike_one_at_a_time_or_together() -> None:
     message = json.loads(alone.removeprefix(b"data: "))
     assert message["params"] == {"_meta": {vocabulary.SUBSCRIPTION_ID_KEY: "s"}, "taskId": "a"}
     assert task_frames(prefix, [one, two]) == alone + task_frames(prefix, [two])
+
+
+async def test_changes_published_while_held_are_written_at_release_not_a_turn_later() -> None:
+    """The watch holds the flush while it applies one read's changes: they go out as the
+    last is applied, coalesced as in a turn, and nothing is scheduled for a turn of its own."""
+    metrics = Metrics()
+    fanout = Fanout(metrics)
+    _, channel = live(fanout, ["a", "b"])
+    fanout.hold()
+    fanout.publish(snap("a", 1))
+    fanout.publish(snap("b", 1))
+    fanout.publish(snap("a", 2))
+    assert channel.chunks == []
+    fanout.release()
+    assert len(channel.chunks) == 1 and channel.chunks[0].count(b"data: ") == 2
+    fanout.release()  # nothing more to write
+    await next_turn()
+    assert len(channel.chunks) == 1 and metrics.notifications_sent.value() == 2
