@@ -47,7 +47,12 @@ CONNECTION = "taskhub.connection"
 
 
 class Channel(Protocol):
-    """Where a stream's chunks go when they can go straight out (only while `writable`)."""
+    """Where a stream's chunks go when they can go straight out (only while `writable`).
+
+    `express`: `writable` turns False only through calls that tell the stream first
+    (`Subscriber.leave_lane`), so the stream may ride an express lane (hub/followers.py)."""
+
+    express: bool
 
     @property
     def writable(self) -> bool: ...
@@ -85,6 +90,7 @@ class DirectChannel:
     """Chunks of one chunked response body, written without the ASGI `send` coroutine."""
 
     __slots__ = ("_cycle", "on_lost")
+    express = False  # `writable` is read off uvicorn's state: nothing tells the stream
 
     def __init__(self, cycle: Cycle) -> None:
         self._cycle = cycle

@@ -48,6 +48,9 @@ class DetachedStream(asyncio.Protocol):
         "writable",
         "write_chunks",
     )
+    # Every change of `writable` to False below tells the subscriber first: the stream
+    # may ride its task's express lane (hub/followers.py).
+    express = True
 
     def __init__(
         self, subscriber: Subscriber, metrics: Metrics, on_close: Callable[[Subscriber], None]
@@ -93,6 +96,7 @@ class DetachedStream(asyncio.Protocol):
         self.transport.write(chunk(data))
 
     def abort(self) -> None:
+        self.subscriber.leave_lane()
         self.writable = False
         if self.transport is not None:
             self.transport.abort()
@@ -142,6 +146,7 @@ class DetachedStream(asyncio.Protocol):
     # -- the transport's callbacks ---------------------------------------------------------
 
     def pause_writing(self) -> None:
+        self.subscriber.leave_lane()
         self.writable = False
 
     def resume_writing(self) -> None:
@@ -155,6 +160,7 @@ class DetachedStream(asyncio.Protocol):
         pass  # a listening client has nothing more to say; a new request needs a new connection
 
     def eof_received(self) -> None:
+        self.subscriber.leave_lane()
         self.writable = False  # the client is done: the transport closes itself (returning None)
 
     def connection_lost(self, exc: Exception | None) -> None:

@@ -6,10 +6,12 @@ the update rate (invariant 5).
 
 Delivery is batched per event-loop turn, or per read of the watch (`hold`, `release`):
 `publish` marks followers dirty and one flush writes each dirty stream's backlog as one
-chunk, straight to its socket (hub/connection.py) when the socket takes it. Only a
+chunk, straight to its socket (hub/connection.py) when the socket takes it. Streams
+that follow one task alone and take writes ride its express lane (hub/followers.py):
+the flush writes them the task's newest revision in one pass, with no backlog. Only a
 stream that cannot take a write now (socket buffer full, or no direct channel) wakes its
-own task, which awaits the ASGI `send`. One hub-wide tick, not a timer per stream, sends
-keep-alives and drops streams whose client stopped reading.
+own writer. One hub-wide tick, not a timer per stream, sends keep-alives and drops
+streams whose client stopped reading.
 
 Operator streams (hub/watcher.py, docs/dashboard.md) are watchers: they see every published
 revision and removal through their own filter. Their flush runs at most every
@@ -28,6 +30,7 @@ from collections.abc import Callable, Iterable
 
 from bridge.wire import EVENT_KINDS
 from hub.cache import TaskSnapshot
+from hub.followers import Followers
 from hub.frames import event_frame
 from hub.metrics import Metrics
 from hub.subscriber import EndReason, Subscriber, flush_all, offer_all
@@ -43,7 +46,8 @@ class Fanout:
     """The registry of subscribers by task id, and the per-turn flush."""
 
     def __init__(self, metrics: Metrics) -> None:
-        self._by_task: dict[str, set[Subscriber]] = {}
+        self._by_task: dict[str, Followers] = {}
+        self._lanes_due: dict[str, Followers] = {}  # tasks with a change for their lane
         self._subscribers: set[Subscriber] = set()
         self._dirty: set[Subscriber] = set()
         self._watchers: set[Watcher] = set()
@@ -78,7 +82,10 @@ class Fanout:
         self._subscribers.add(subscriber)
         self._empty.clear()
         for task_id in subscriber.task_ids:
-            self._by_task.setdefault(task_id, set()).add(subscriber)
+            followers = self._by_task.get(task_id)
+            if followers is None:
+                followers = self._by_task[task_id] = Followers()
+            followers.add(subscriber)
         self._metrics.open_streams.set(len(self._subscribers))
 
     def watch(self, watcher: Watcher) -> None:
@@ -127,12 +134,19 @@ class Fanout:
         followers = self._by_task.get(snapshot.task_id)
         if not followers:
             return
-        coalesced = offer_all(followers, snapshot)
-        self._dirty |= followers
+        others = followers.others
+        coalesced = offer_all(others, snapshot)
+        self._dirty |= others
+        if followers.express:
+            if followers.pending is not None:
+                coalesced += len(followers.express)
+            followers.pending = snapshot
+            self._lanes_due[snapshot.task_id] = followers
         if coalesced:
             self._metrics.coalesced_frames.inc(coalesced)
         if snapshot.terminal:
-            # D18: nothing follows a terminal state; stop tracking the task.
+            # D18: nothing follows a terminal state; stop tracking the task (its lane, if
+            # it has one, is written this change and then dissolved).
             del self._by_task[snapshot.task_id]
             for subscriber in followers:
                 subscriber.task_ids.discard(snapshot.task_id)
@@ -197,7 +211,7 @@ class Fanout:
 
     def release(self) -> None:
         self._held = False
-        if self._dirty:
+        if self._dirty or self._lanes_due:
             self._flush()
 
     def follow_events(
@@ -250,10 +264,35 @@ class Fanout:
 
     def _flush(self) -> None:
         self._flush_scheduled = False
+        now = asyncio.get_running_loop().time()
+        sent = 0
+        if self._lanes_due:
+            lanes, self._lanes_due = self._lanes_due, {}
+            for task_id, followers in lanes.items():
+                sent += followers.write_pending(now)
+                if self._by_task.get(task_id) is not followers:
+                    followers.dissolve()  # its task's terminal state was the last change
         dirty, self._dirty = self._dirty, set()
-        sent = flush_all(dirty, asyncio.get_running_loop().time())
+        joiners: list[Subscriber] = []
+        sent += flush_all(dirty, now, joiners)
+        for subscriber in joiners:
+            self._join_lane(subscriber)
         if sent:
             self._metrics.notifications_sent.inc(sent)
+
+    def _join_lane(self, subscriber: Subscriber) -> None:
+        """Into its task's express lane: `flush_all` just wrote it a chunk of one state, it
+        follows one task on an `express` channel; it must follow no fleet events and be
+        still writable (a write can fill its socket buffer)."""
+        if subscriber in self._events_of or subscriber.lane is not None:
+            return
+        channel = subscriber.channel
+        if channel is None or not channel.writable or not subscriber.live or subscriber.backlog:
+            return
+        for task_id in subscriber.task_ids:
+            followers = self._by_task.get(task_id)
+            if followers is not None and subscriber in followers.others:
+                followers.join(subscriber)
 
     def tick(self, now: float, keepalive: float, send_timeout: float) -> None:
         """Keep-alives for idle streams (H20); drop streams stuck in a write (invariant 5).
@@ -264,6 +303,9 @@ class Fanout:
         ~50 ns a stream, the full checks ~300–400 ns: at 100,000 streams the loop is held
         5 ms a second, not 30 ms."""
         idle_since = now - keepalive
+        for followers in self._by_task.values():
+            if followers.express:
+                followers.sync_writes()
         due = [
             subscriber
             for subscriber in self._subscribers
@@ -280,8 +322,11 @@ class Fanout:
     def forget(self, task_id: str) -> None:
         """The task expired or was deleted: nobody follows it any more."""
         followers = self._by_task.pop(task_id, None)
-        for subscriber in followers or ():
+        if followers is None:
+            return
+        for subscriber in followers:
             subscriber.task_ids.discard(task_id)
+        followers.dissolve()
 
     def close_all(self) -> None:
         """Shutdown: every stream sends its completion result and ends."""
@@ -294,6 +339,6 @@ class Fanout:
         followers = self._by_task.get(task_id)
         if followers is None:
             return
-        followers.discard(subscriber)
+        followers.remove(subscriber)
         if not followers:
             del self._by_task[task_id]

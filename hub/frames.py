@@ -55,11 +55,23 @@ def notification_prefix(subscription_id: bytes) -> bytes:
 
 def task_frames(prefix: bytes, snapshots: Iterable[TaskSnapshot]) -> bytes:
     """`notifications/tasks` frames = the same DetailedTask bytes `tasks/get` serves (H60);
-    the fan-out's usual one-state chunk is written out in `subscriber.flush_all`."""
+    a chunk of one state is made from parts instead (`chunk_tail`)."""
     parts: list[bytes] = []
     for snapshot in snapshots:
         parts += (prefix, snapshot.body[1:], TASK_FRAME_END)
     return b"".join(parts)
+
+
+def chunk_tail(snapshot: TaskSnapshot) -> bytes:
+    """A chunk of one state is `chunk_head(len(prefix), len(tail)) + prefix + tail`: the
+    HTTP/1.1 chunk of `task_frames(prefix, [snapshot])`, from parts made once per revision
+    and prefix length for every stream the fan-out writes it to."""
+    return snapshot.body[1:] + TASK_FRAME_END + b"\r\n"
+
+
+def chunk_head(prefix_length: int, tail_length: int) -> bytes:
+    """The chunk's size line (see `chunk_tail`)."""
+    return b"%x\r\n" % (prefix_length + tail_length - 2)
 
 
 def event_frame(subscription_id: bytes, method: bytes, uri: str | None = None) -> bytes:

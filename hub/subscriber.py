@@ -33,16 +33,21 @@ import asyncio
 import enum
 import time
 from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
 
 from hub.cache import TaskSnapshot
 from hub.connection import Channel
 from hub.frames import (
     KEEPALIVE_FRAME,
-    TASK_FRAME_END,
+    chunk_head,
+    chunk_tail,
     completion_frame,
     notification_prefix,
     task_frames,
 )
+
+if TYPE_CHECKING:
+    from hub.followers import Followers
 
 
 class StreamState(enum.Enum):
@@ -84,6 +89,7 @@ class Subscriber:
         "end_reason",
         "events",
         "keepalive_due",
+        "lane",
         "last_write",
         "on_wake",
         "prefix",
@@ -110,6 +116,9 @@ class Subscriber:
         self._waiter: asyncio.Future[None] | None = None
         # A writer with no task of its own (hub/detached.py) is woken by this call instead.
         self.on_wake: Callable[[], None] | None = None
+        # The followers of its one task whose express lane it rides, if it does
+        # (hub/followers.py): it is live and writable, and its backlog stays empty.
+        self.lane: Followers | None = None
 
     # -- the backlog ----------------------------------------------------------------------
 
@@ -196,6 +205,7 @@ class Subscriber:
 
     def blocking(self, now: float) -> None:
         """The writer starts awaiting `send`: LIVE → BLOCKED (other states stay)."""
+        self.leave_lane()
         self.waiting_since = now
         if self.state is _LIVE:
             self.state = _BLOCKED
@@ -211,6 +221,7 @@ class Subscriber:
         """End the stream gracefully: the writer sends the completion result (H63)."""
         if self.state in (_ENDING, _ENDED):
             return
+        self.leave_lane()  # what the lane has pending goes before the goodbye
         self.state = _ENDING
         self.end_reason = reason
         self.wake()
@@ -248,6 +259,7 @@ class Subscriber:
     def _end(self, reason: EndReason) -> None:
         if self.state is _ENDED:
             return
+        self.leave_lane()
         if self.state is not _ENDING or reason is EndReason.SEND_TIMEOUT:
             # The first cause is the reason: a graceful end already under way keeps its
             # own when the client goes before the goodbye, but not when the client
@@ -255,6 +267,12 @@ class Subscriber:
             self.end_reason = reason
         self.state = _ENDED
         self.wake()
+
+    def leave_lane(self) -> None:
+        """Back to the backlog from the express lane, if it rides one: its channel stops
+        taking writes, or the stream stops being live."""
+        if self.lane is not None:
+            self.lane.leave(self)
 
     @property
     def live(self) -> bool:
@@ -305,17 +323,18 @@ def offer_all(followers: Iterable[Subscriber], snapshot: TaskSnapshot) -> int:
     return coalesced
 
 
-_CHUNK_END = TASK_FRAME_END + b"\r\n"
-
-
-def flush_all(subscribers: Iterable[Subscriber], now: float) -> int:
+def flush_all(
+    subscribers: Iterable[Subscriber], now: float, joiners: list[Subscriber] | None = None
+) -> int:
     """`flush(now)` for each of `subscribers`; returns the notifications written.
 
     The usual case is written out: a live stream of plain `notifications/tasks` frames
     owing one task state and nothing else, its socket taking writes. Its chunk is
     `chunk(task_frames(prefix, [snapshot]))` in one join, with the parts every follower of
     the same revision shares (the frame's tail, the chunk head for a prefix of one length)
-    made once: a flush usually writes one revision to all its followers.
+    made once: a flush usually writes one revision to all its followers. Of those streams,
+    the ones following one task on an `express` channel are added to `joiners`: they may
+    ride that task's express lane from now on (hub/followers.py).
     """
     sent = 0
     body = tail = head = b""
@@ -334,15 +353,17 @@ def flush_all(subscribers: Iterable[Subscriber], now: float) -> int:
             snapshot = backlog.popitem()[1]  # keeps the dict's table, unlike clear()
             if snapshot.body is not body:
                 body = snapshot.body
-                tail = body[1:] + _CHUNK_END
+                tail = chunk_tail(snapshot)
                 prefix_len = -1
             prefix = subscriber.prefix
             if len(prefix) != prefix_len:
                 prefix_len = len(prefix)
-                head = b"%x\r\n" % (prefix_len + len(tail) - 2)
+                head = chunk_head(prefix_len, len(tail))
             channel.write_chunks(b"".join((head, prefix, tail)))
             subscriber.last_write = now
             sent += 1
+            if joiners is not None and channel.express and len(subscriber.task_ids) == 1:
+                joiners.append(subscriber)
         else:
             sent += subscriber.flush(now)
     return sent

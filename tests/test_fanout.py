@@ -105,6 +105,8 @@ def unchunk(data: bytes) -> list[bytes]:
 class Channel:
     """Records what the fan-out writes, one payload per chunk; `writable` is set by the test."""
 
+    express = False
+
     def __init__(self) -> None:
         self.writable = True
         self.chunks: list[bytes] = []
