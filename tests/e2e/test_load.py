@@ -10,6 +10,7 @@ finds each task's final state when it reads again, unless it stays stalled past
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import socket
 from pathlib import Path
@@ -170,6 +171,64 @@ async def test_a_stalled_stream_costs_bounded_memory_and_delays_nobody(
             return finals == set(tasks)
 
         await eventually(all_finals_arrived, timeout=30)
+    finally:
+        stalled.close()
+    await eventually(lambda: len(hub.hub.fanout) == 0)
+
+
+async def test_streams_of_one_task_ride_its_lane_and_a_stalled_one_leaves_it(
+    hub: HubHarness, js: Any, bucket: str
+) -> None:
+    """The express lane over real sockets (hub/followers.py): streams following one task
+    in place ride it once the general path has written them a state; one that stops
+    reading fills its socket buffer and leaves the lane from inside the lane's own write,
+    delays nobody, and finds the final state when it reads again. Every stream sees its
+    states in order and ends with the last (coalescing may skip some between)."""
+    tid = new_task_id()
+    await write(js, bucket, tid, "working", 0)
+    stalled = await open_stalled_listen(hub.url, [tid])
+    steps = 1_000_000  # the last step, once known
+    try:
+        async with contextlib.AsyncExitStack() as streams:
+            healthy = [
+                await streams.enter_async_context(hub.listen([tid], id=f"h{i}")) for i in range(10)
+            ]
+            for stream in healthy:
+                await stream.next()  # the ack
+                await stream.next()  # step 0
+
+            async def read_all(stream: Any) -> list[int]:
+                seen: list[int] = []
+                while not seen or seen[-1] < steps:
+                    params = (await stream.next(timeout=30))["params"]
+                    seen.append(int(params["statusMessage"].split()[1]))
+                return seen
+
+            readers = [asyncio.create_task(read_all(stream)) for stream in healthy]
+            subscribers = list(hub.hub.fanout._subscribers)
+            stalled_sub = next(s for s in subscribers if s.subscription_id == b'"stalled"')
+            await write(js, bucket, tid, "working", 1)  # the general path's chunk
+            await eventually(lambda: all(s.lane is not None for s in subscribers))
+            padding = "x" * 8000  # the stalled client's buffers fill within some 500 steps
+            step = 1
+            while stalled_sub.lane is not None:  # until its buffer fills
+                assert step < 2000, "the stalled stream never left the lane"
+                step += 1
+                await write(js, bucket, tid, "working", step, padding)
+            assert not stalled_sub.ended
+            steps = step + 1
+            await write(js, bucket, tid, "completed", steps)
+            async with asyncio.timeout(30):
+                for seen in await asyncio.gather(*readers):
+                    assert seen[-1] == steps and seen == sorted(set(seen))
+
+        received = bytearray()
+
+        async def final_arrived() -> bool:
+            received.extend(drain(stalled))
+            return b'"status":"completed"' in received
+
+        await eventually(final_arrived, timeout=30)
     finally:
         stalled.close()
     await eventually(lambda: len(hub.hub.fanout) == 0)
