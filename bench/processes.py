@@ -68,8 +68,22 @@ def cpu_times(pid: int) -> tuple[float, float]:
 
 
 def cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of a live process."""
-    return sum(cpu_times(pid))
+    """User + system CPU seconds of a live process, to the nanosecond: the run time of each
+    of its threads (/proc/<pid>/task/*/schedstat, first field), summed.
+
+    /proc/<pid>/stat counts in clock ticks (10 ms): over a 3 s window of a server at 0.2
+    cores, two readings truncated to a tick each moved a figure by up to 3%. A thread that
+    exits between two readings takes its time with it; the servers measured here keep
+    theirs (an event loop, its executor's idle workers). Without schedstat: the ticks."""
+    total = 0
+    try:
+        for thread in os.listdir(f"/proc/{pid}/task"):
+            with contextlib.suppress(FileNotFoundError):  # a thread gone since the listing
+                with open(f"/proc/{pid}/task/{thread}/schedstat", "rb") as f:
+                    total += int(f.read().split()[0])
+    except (FileNotFoundError, ValueError, IndexError):
+        return sum(cpu_times(pid))
+    return total / 1e9
 
 
 def machine_busy_seconds() -> float:

@@ -60,7 +60,7 @@ class Sizes:
     # peers (bench/peers/): the fan-out's streams and topics at fixed frames/s delivered
     # (publishes/s × streams per topic), each window `peer_seconds` long; the storm's size
     peer_rates: tuple[float, ...] = (10_000, 20_000, 40_000)
-    peer_seconds: float = 3.0
+    peer_seconds: float = 5.0  # long enough to average out the shared machine's stalls
     # ... after the warm-up, this long for the pace to settle before a window is measured
     peer_settle_seconds: float = 0.5
 

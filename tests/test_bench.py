@@ -380,3 +380,21 @@ def test_the_instruction_probe_delivers_every_revision_to_every_stream(target: s
     frames, counted = instructions.run_probe(target, streams=4, revisions=25, valgrind=[])
     assert frames == 4 * 25 + (4 if target == "hub" else 0)
     assert counted == 0  # no valgrind, no count
+
+
+def test_cpu_seconds_are_not_counted_in_clock_ticks() -> None:
+    """A server's CPU over a window is a difference of two readings: in clock ticks (10 ms)
+    each was truncated, which moved a 3 s window's CPU per frame by up to 3%."""
+    import os
+    import time
+
+    from bench.processes import cpu_seconds
+
+    errors = []
+    for _ in range(5):
+        before, started = cpu_seconds(os.getpid()), time.thread_time()
+        while time.thread_time() - started < 0.025:  # about 25 ms of this thread's CPU
+            pass
+        spent = time.thread_time() - started
+        errors.append(abs(cpu_seconds(os.getpid()) - before - spent))
+    assert min(errors) < 0.002, errors  # ticks: off by 5 ms on average, never under 2 ms
