@@ -4,8 +4,10 @@ An `asyncio.Protocol` server that watches the same bucket as the hub and answers
 same two hot paths with preformatted bytes: `tasks/get` splices a cached response tail
 (built once per revision) after the request id, and `subscriptions/listen` writes the
 ack, the current states, then every change as SSE frames in HTTP/1.1 chunks, one write
-per stream per event-loop turn, coalescing per task while the socket is paused. It
-validates nothing and authorises nothing, so it bounds what the hub could reach in
+per stream per event-loop turn, coalescing per task while the socket is paused. A stream
+that follows one task and is not paused is written in one pass over all such streams of
+that task whose loop runs in C (`map`), as the hub's express lanes are (hub/followers.py).
+It validates nothing and authorises nothing, so it bounds what the hub could reach in
 Python; the bench reports the hub as a ratio of it.
 
 Run: `python -m bench.raw_ceiling --nats-url URL --bucket NAME --port N` (loopback only).
@@ -15,6 +17,10 @@ from __future__ import annotations
 
 import asyncio
 import signal
+from collections import deque
+from collections.abc import Callable
+from itertools import repeat
+from operator import call
 from typing import cast
 
 import msgspec
@@ -75,10 +81,16 @@ class _Task:
         self.frame_tail = body[1:] + b"}\n\n"
 
 
+_join = b"".join
+
+
 class RawServer:
     def __init__(self) -> None:
         self.tasks: dict[str, _Task] = {}
-        self.followers: dict[str, set[Connection]] = {}
+        self.followers: dict[str, set[Connection]] = {}  # the others: pending, then a write
+        self.lanes: dict[str, dict[Connection, None]] = {}  # one task alone, not paused
+        self.groups: dict[str, list[tuple[int, list[Callable[[bytes], None]], list[bytes]]]] = {}
+        self.due: dict[str, _Task] = {}  # tasks with a change for their lane
         self.dirty: set[Connection] = set()
         self.flush_pending = False
         self.watch = BucketWatch(self.on_put, self.on_delete)
@@ -90,6 +102,9 @@ class RawServer:
         except msgspec.DecodeError:
             return
         self.tasks[key] = task
+        if self.lanes.get(key):
+            self.due[key] = task
+            self.schedule_flush()
         followers = self.followers.get(key)
         if followers:
             for conn in followers:
@@ -108,9 +123,42 @@ class RawServer:
     def flush(self) -> None:
         """One write per dirty stream per loop turn, however many changes it collected."""
         self.flush_pending = False
+        due, self.due = self.due, {}
+        for key, task in due.items():
+            self.write_lane(key, task)
         dirty, self.dirty = self.dirty, set()
         for conn in dirty:
             conn.flush()
+
+    def write_lane(self, key: str, task: _Task) -> None:
+        groups = self.groups.get(key)
+        if groups is None:
+            by_length: dict[int, tuple[int, list[Callable[[bytes], None]], list[bytes]]] = {}
+            for conn in self.lanes.get(key, ()):
+                assert conn.transport is not None
+                group = by_length.setdefault(len(conn.prefix), (len(conn.prefix), [], []))
+                group[1].append(conn.transport.write)
+                group[2].append(conn.prefix)
+            groups = self.groups[key] = list(by_length.values())
+        tail = task.frame_tail + b"\r\n"
+        for length, writes, prefixes in groups:
+            head = b"%x\r\n" % (length + len(tail) - 2)
+            deque(map(call, writes, map(_join, zip(repeat(head), prefixes, repeat(tail)))), 0)
+
+    def join(self, conn: Connection, key: str) -> None:
+        self.followers[key].discard(conn)
+        self.lanes.setdefault(key, {})[conn] = None
+        self.groups.pop(key, None)
+
+    def leave(self, conn: Connection, key: str) -> None:
+        """Out of the lane (paused, or gone): back to pending and a write of its own."""
+        del self.lanes[key][conn]
+        self.groups.pop(key, None)
+        self.followers.setdefault(key, set()).add(conn)
+        conn.in_lane = False
+        if key in self.due:  # a change not yet written
+            conn.pending[key] = self.due[key]
+            self.dirty.add(conn)
 
 
 class Connection(asyncio.Protocol):
@@ -124,11 +172,14 @@ class Connection(asyncio.Protocol):
         self.following: list[str] = []
         self.pending: dict[str, _Task] = {}
         self.paused = False
+        self.in_lane = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if self.in_lane:
+            self.server.leave(self, self.following[0])
         for key in self.following:
             followers = self.server.followers.get(key)
             if followers is not None:
@@ -138,6 +189,8 @@ class Connection(asyncio.Protocol):
 
     def pause_writing(self) -> None:
         self.paused = True
+        if self.in_lane:
+            self.server.leave(self, self.following[0])
 
     def resume_writing(self) -> None:
         self.paused = False
@@ -152,6 +205,9 @@ class Connection(asyncio.Protocol):
         data = b"".join([prefix + task.frame_tail for task in self.pending.values()])
         self.pending.clear()
         self.transport.write(_chunk(data))
+        if len(self.following) == 1 and not self.paused and not self.in_lane:
+            self.in_lane = True
+            self.server.join(self, self.following[0])
 
     def data_received(self, data: bytes) -> None:
         if self.prefix:
