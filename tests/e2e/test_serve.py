@@ -86,6 +86,48 @@ async def test_serve_starts_answers_and_shuts_down_gracefully(tmp_path: Path) ->
             await proc.wait()
 
 
+def wakeups(pid: int) -> int:
+    """How many times the process has gone to sleep and been woken (voluntary switches)."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    return sum(
+        int(line.split()[1]) for line in status.splitlines() if line.startswith("voluntary_")
+    )
+
+
+async def test_an_idle_hub_sleeps_and_still_stops_at_once(tmp_path: Path) -> None:
+    """No streams, no changes: the hub wakes for its timers only (the NATS pings, the
+    watch check, the tick, the sweeps, uvicorn's date once a second: about ten a second;
+    uvicorn alone woke it ten times a second more), and SIGTERM still stops it at once."""
+    port = free_port()
+    args = ["serve", "--port", str(port), "--data-dir", str(tmp_path)]
+    proc = await asyncio.create_subprocess_exec(*taskhub_command(), *args)
+    try:
+        async with httpx.AsyncClient(timeout=5) as client:
+
+            async def ready() -> bool:
+                try:
+                    r = await client.get(f"http://127.0.0.1:{port}/readyz")
+                except httpx.TransportError:
+                    return False
+                return r.status_code == 200
+
+            await eventually(ready, timeout=10)
+        await asyncio.sleep(1)  # past start-up's own work
+        before, started = wakeups(proc.pid), time.monotonic()
+        await asyncio.sleep(3)
+        rate = (wakeups(proc.pid) - before) / (time.monotonic() - started)
+        assert rate < 15, f"{rate:.1f} wake-ups a second"
+        proc.send_signal(signal.SIGTERM)
+        stopping = time.monotonic()
+        async with asyncio.timeout(15):
+            assert await proc.wait() == 0
+        assert time.monotonic() - stopping < 2
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+
+
 async def test_a_terminal_ctrl_c_reaches_the_hub_and_not_its_nats(tmp_path: Path) -> None:
     """Ctrl-C signals the terminal's whole foreground process group; the embedded
     nats-server is outside it, so the hub says goodbye, drains and stops it in order."""
