@@ -33,6 +33,7 @@ CHUNKS = [b"data: one\n\n", b"data: two\n\n"]
 # these needs a reading of the new code against hub/uvicorn_internals.py, then a new
 # fingerprint here.
 VERIFIED = {
+    "HttpToolsProtocol.connection_made": "5a387912",
     "HttpToolsProtocol.on_response_complete": "175d1fae",
     "HttpToolsProtocol.on_headers_complete": "620f348d",
     "HttpToolsProtocol.data_received": "e4de670c",
@@ -183,6 +184,23 @@ async def test_a_close_request_gets_connection_close_as_from_send(served: Served
 async def test_direct_chunks_are_framed_as_uvicorns_send_frames_them(served: Served) -> None:
     direct, through_send = await exchange(served, "/stream-direct", "/stream")
     assert direct == through_send
+
+
+async def test_a_connection_knows_both_ends_as_uvicorn_would(served: Served) -> None:
+    """`connection_made` reads the addresses from the transport's names, not its socket:
+    the same values uvicorn's own helpers give for the same transport."""
+    from uvicorn.protocols.utils import get_local_addr, get_remote_addr, is_ssl
+
+    await exchange(served, "/in-place")
+    protocol, _ = Probe.seen[0]
+    transport = protocol.transport
+    assert protocol.server == get_local_addr(transport) and protocol.server is not None
+    assert protocol.client == get_remote_addr(transport) and protocol.client is not None
+    assert protocol.scheme == ("https" if is_ssl(transport) else "http")
+    assert protocol.flow._transport is transport and protocol in protocol.connections
+    assert uv._remote(("::1", 8000, 0, 0)) == uv._local(("::1", 8000, 0, 0)) == ("::1", 8000)
+    assert uv._local("/run/hub.sock") == ("/run/hub.sock", None) and uv._remote("") is None
+    assert uv._local(None) is None
 
 
 async def test_the_attributes_the_adapter_uses_exist_on_live_objects(served: Served) -> None:
