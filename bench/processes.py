@@ -78,9 +78,11 @@ def cpu_seconds(pid: int) -> float:
     total = 0
     try:
         for thread in os.listdir(f"/proc/{pid}/task"):
-            with contextlib.suppress(FileNotFoundError):  # a thread gone since the listing
-                with open(f"/proc/{pid}/task/{thread}/schedstat", "rb") as f:
-                    total += int(f.read().split()[0])
+            with (
+                contextlib.suppress(FileNotFoundError),  # a thread gone since the listing
+                open(f"/proc/{pid}/task/{thread}/schedstat", "rb") as f,
+            ):
+                total += int(f.read().split()[0])
     except (FileNotFoundError, ValueError, IndexError):
         return sum(cpu_times(pid))
     return total / 1e9
