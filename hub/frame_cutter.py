@@ -79,9 +79,7 @@ class FrameCutter(Parser):
         chunk = self._rest + data if self._rest else data
         pos = 0
         while True:
-            frames, pos, line_end = self._frames(chunk, pos)
-            if frames:
-                self.sink(frames)
+            pos, line_end = self._sink_frames(chunk, pos)
             if line_end < 0:
                 break
             self._tap.inner.data_received(chunk[pos:line_end])  # PING, INFO, -ERR ...
@@ -93,9 +91,7 @@ class FrameCutter(Parser):
         chunk = bytes(self.buf)  # one copy of the chunk; each frame is sliced out once
         pos = 0
         while True:
-            frames, pos, line_end = self._frames(chunk, pos)
-            if frames:
-                self.sink(frames)
+            pos, line_end = self._sink_frames(chunk, pos)
             if line_end < 0:
                 break
             del self.buf[:line_end]
@@ -104,12 +100,13 @@ class FrameCutter(Parser):
             pos = 0
         del self.buf[:pos]
 
-    def _frames(self, chunk: bytes, pos: int) -> tuple[list[Frame], int, int]:
-        """The frames in `chunk` from `pos` on, up to the first line that is not one or
-        the first incomplete frame; where that stops, and the end of that line (-1 when
-        it stopped at an incomplete frame or the end)."""
+    def _sink_frames(self, chunk: bytes, pos: int) -> tuple[int, int]:
+        """The frames in `chunk` from `pos` on, to `sink` as one batch, up to the first
+        line that is not one or the first incomplete frame; where that stops, and the end
+        of that line (-1 when it stopped at an incomplete frame or the end)."""
         frames: list[Frame] = []
         size, sid = len(chunk), self.sid
+        line_end = -1
         while pos < size:
             eol = chunk.find(b"\r\n", pos)
             if eol < 0:
@@ -121,7 +118,8 @@ class FrameCutter(Parser):
                 args = chunk[pos + 4 : eol].split()
                 header_size, reply = 0, args[2] if len(args) == 4 else b""
             else:
-                return frames, pos, eol + 2
+                line_end = eol + 2
+                break
             start = eol + 2
             end = start + int(args[-1])
             if end + 2 > size:
@@ -130,7 +128,9 @@ class FrameCutter(Parser):
                 headers = chunk[start : start + header_size] if header_size else None
                 frames.append((args[0], reply, headers, chunk[start + header_size : end]))
             pos = end + 2
-        return frames, pos, -1
+        if frames:
+            self.sink(frames)
+        return pos, line_end
 
     async def _one_line(self, line: bytes) -> None:
         """One control line (not a message) through nats-py's own parser."""
