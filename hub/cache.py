@@ -1,6 +1,7 @@
 """The snapshot cache: the latest trusted state of every task, encoded once per revision.
 
-Everything read from NATS passes `TaskCache.apply_put` / `apply_delete`, which enforce
+Everything read from NATS passes `TaskCache.apply_put` / `apply_delete` (in this process,
+or in a first read's worker process whose cache `merge` takes in), which enforce
 the reader rules of contract 3: malformed values, key mismatches, stale revisions and
 any change to a terminal task are refused and counted, so a bad writer can never make
 the hub report something that was not legally written (invariant 2, H43).
@@ -87,6 +88,18 @@ class TaskSnapshot(msgspec.Struct, frozen=True, gc=False):
         return self.expires_at is not None and now >= self.expires_at
 
 
+class CachePart(msgspec.Struct, array_like=True):
+    """A cache's tasks and indexes as `TaskCache.part` gives them, for `merge` (sent
+    between processes as MessagePack)."""
+
+    task_ids: list[str]
+    packed: list[bytes]
+    expiring: dict[int, list[str]]  # the second a task expires by → its ids
+    servers: dict[str, list[int]]  # server → [tasks, of which not terminal]
+    tombstones: dict[str, tuple[int, float]]  # removed task → (revision, kept until)
+    rejected: dict[str, int]  # Rejected's value → how many
+
+
 ChangeListener = Callable[[TaskSnapshot], None]
 RemoveListener = Callable[[TaskSnapshot], None]
 RejectListener = Callable[[Rejected], None]
@@ -117,6 +130,7 @@ class TaskCache:
         self._expiry_seconds: list[int] = []
         # Per server: [tasks, of which not terminal] (the operator stream's fleet view).
         self._servers: dict[str, list[int]] = {}
+        self._rejected: dict[str, int] = {}  # by reason: what `part` hands on
         self._on_change = on_change
         self._on_remove = on_remove
         self._on_reject = on_reject
@@ -232,6 +246,63 @@ class TaskCache:
             raise ValueError(f"not a packed task: {exc}") from None
         return len(tasks)
 
+    def part(self) -> CachePart:
+        """Everything held, with its indexes: what `merge` takes in another process."""
+        return CachePart(
+            list(self._tasks),
+            list(self._tasks.values()),
+            self._expiring,
+            self._servers,
+            self._tombstones,
+            self._rejected,
+        )
+
+    def merge(self, part: CachePart) -> int:
+        """Take in a cache filled in another process (the other half of a first read,
+        hub/first_read_worker.py); returns how many tasks came over as they were.
+
+        A task this cache neither holds nor removed comes over as it is, with its expiry
+        and server counts, and no listener hears of it (as of a checkpoint's: nobody
+        follows a task the hub has never held). A task both hold, or one removed in either,
+        goes through the reader rules as if read here, so the later revision wins and its
+        followers hear of it. What the other cache refused is counted here too."""
+        tasks, tombstones = self._tasks, self._tombstones
+        ids, packed, servers = part.task_ids, part.packed, part.servers
+        both: list[int] = []
+        if not (tasks.keys().isdisjoint(ids) and tombstones.keys().isdisjoint(ids)):  # rare
+            both = [i for i, task_id in enumerate(ids) if task_id in tasks or task_id in tombstones]
+        held_too = [unpack(ids[i], packed[i]) for i in both]
+        for snapshot in held_too:  # counted below as read here, if the rules let them in
+            counts = servers[snapshot.server]
+            counts[0] -= 1
+            if not snapshot.terminal:
+                counts[1] -= 1
+        if both:
+            left_out = set(both)
+            kept = [i for i in range(len(ids)) if i not in left_out]
+            ids, packed = [ids[i] for i in kept], [packed[i] for i in kept]
+        tasks.update(zip(ids, packed, strict=True))
+        for server, (held, active) in servers.items():
+            counts = self._servers.setdefault(server, [0, 0])
+            counts[0] += held
+            counts[1] += active
+            if counts[0] <= 0:
+                del self._servers[server]
+        for second, keys in part.expiring.items():  # an entry of a task left out: harmless
+            if second in self._expiring:
+                self._expiring[second].extend(keys)
+            else:
+                self._expiring[second] = keys
+                heapq.heappush(self._expiry_seconds, second)
+        for snapshot in held_too:
+            self._replace(snapshot)
+        for key, (revision, _) in part.tombstones.items():
+            self.apply_delete(key, revision)
+        for reason, count in part.rejected.items():
+            for _ in range(count):
+                self._reject(Rejected(reason))
+        return len(ids)
+
     def apply_put(self, key: str, revision: int, data: bytes) -> TaskSnapshot | None:
         """Ingest one KV value; returns the new snapshot if it was accepted."""
         try:
@@ -246,15 +317,35 @@ class TaskCache:
         body = encode(task)
         if not body.isascii():  # line_safe's usual case, without its call
             body = line_safe(body)
-        current = None
-        # A task not held and never removed (every one, in a first read) needs none of
-        # the checks below.
+        poll = task.pollIntervalMs
+        snapshot = TaskSnapshot(  # in field order (positional: this runs once per value read)
+            key,
+            envelope.owner,
+            envelope.server,
+            revision,
+            task.status,
+            expires_at,
+            body,
+            poll if isinstance(poll, int) else None,
+        )
+        # A task not held and never removed (every one, in a first read) needs no checks.
         if key in self._tasks or (self._tombstones and key in self._tombstones):
-            tombstone = self._tombstones.get(key)
-            if tombstone is not None and revision <= tombstone[0]:
-                self._reject(Rejected.STALE)
-                return None
-            current = self._current(key, keep=False)
+            return self._replace(snapshot)
+        self._tasks[key] = pack(snapshot)
+        self._count(snapshot.server, snapshot.status in TERMINAL, 1)
+        if expires_at is not None:
+            self._expire_by(key, expires_at)
+        self._on_change(snapshot)
+        return snapshot
+
+    def _replace(self, snapshot: TaskSnapshot) -> TaskSnapshot | None:
+        """`apply_put` for a task held or removed before: the reader rules decide."""
+        key, revision = snapshot.task_id, snapshot.revision
+        tombstone = self._tombstones.get(key)
+        if tombstone is not None and revision <= tombstone[0]:
+            self._reject(Rejected.STALE)
+            return None
+        current = self._current(key, keep=False)
         if current is not None:
             if revision == current.revision:
                 return None  # the same message twice (watch and read-through)
@@ -262,32 +353,21 @@ class TaskCache:
                 self._reject(Rejected.STALE)
                 return None
             if current.terminal:
-                if body == current.body:
+                if snapshot.body == current.body:
                     return None  # rewritten unchanged: nothing to report
                 self._reject(Rejected.TERMINAL_CHANGE)
                 return None
-            if envelope.owner != current.owner:
+            if snapshot.owner != current.owner:
                 self._reject(Rejected.OWNER_CHANGE)
                 return None
-
-        poll, status, server = task.pollIntervalMs, task.status, envelope.server
-        snapshot = TaskSnapshot(  # in field order (positional: this runs once per value read)
-            key,
-            envelope.owner,
-            server,
-            revision,
-            status,
-            expires_at,
-            body,
-            poll if isinstance(poll, int) else None,
-        )
         self._tasks[key] = pack(snapshot)
         if current is not None:
             # A task that changes once changes again: its next revision, and the readers
             # meanwhile, find this one unpacked (a first read's tasks are not kept).
             self._keep(key, snapshot)
             self._count(current.server, current.terminal, -1)
-        self._count(server, status in TERMINAL, 1)
+        self._count(snapshot.server, snapshot.terminal, 1)
+        expires_at = snapshot.expires_at
         if expires_at is not None and (current is None or current.expires_at != expires_at):
             self._expire_by(key, expires_at)
         self._on_change(snapshot)
@@ -360,6 +440,7 @@ class TaskCache:
             del self._servers[server]
 
     def _reject(self, reason: Rejected) -> None:
+        self._rejected[reason.value] = self._rejected.get(reason.value, 0) + 1
         self._on_reject(reason)
 
 

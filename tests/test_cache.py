@@ -6,11 +6,12 @@ import json
 import sys
 import tracemalloc
 
+import msgspec
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hub.cache import RECENT_SNAPSHOTS, Rejected, TaskCache, TaskSnapshot
+from hub.cache import RECENT_SNAPSHOTS, CachePart, Rejected, TaskCache, TaskSnapshot
 from tests.helpers import envelope, new_task_id
 
 STATUSES = ["working", "input_required", "completed", "failed", "cancelled"]
@@ -361,3 +362,58 @@ def test_a_scan_of_every_task_keeps_its_snapshots_for_the_next() -> None:
     r.cache.apply_put(ids[0], 100, envelope(ids[0], statusMessage="changed"))
     third = r.cache.live()
     assert third[0].revision == 100 and third[1] is first[1]
+
+
+def _part_of(r: Recorder) -> bytes:
+    """What a worker process writes of its cache: `part()`, as MessagePack."""
+    return msgspec.msgpack.encode(r.cache.part())
+
+
+def test_a_part_read_elsewhere_comes_over_whole_and_silently() -> None:
+    """A first read's later half (hub/first_read_worker.py): tasks, expiry, server counts,
+    tombstones and refusals come over; listeners hear of none of the bulk."""
+    here, there = Recorder(), Recorder()
+    mine, theirs = [new_task_id() for _ in range(3)], [new_task_id() for _ in range(4)]
+    for seq, tid in enumerate(mine, 1):
+        here.cache.apply_put(tid, seq, envelope(tid, server="srv-a"))
+    expiring, done, gone = theirs[0], theirs[1], theirs[3]
+    there.cache.apply_put(expiring, 10, envelope(expiring, server="srv-a", ttl_ms=60_000))
+    there.cache.apply_put(done, 11, envelope(done, "completed", server="srv-b"))
+    there.cache.apply_put(theirs[2], 12, envelope(theirs[2], server="srv-b"))
+    there.cache.apply_put(gone, 13, envelope(gone))
+    there.cache.apply_delete(gone, 14)
+    there.cache.apply_put(theirs[2], 15, b"{not json")
+    here.changes.clear()
+
+    part = msgspec.msgpack.decode(_part_of(there), type=CachePart)
+    assert here.cache.merge(part) == 3
+    assert here.changes == [] and here.removed == []
+    assert here.rejected == [Rejected.MALFORMED]
+    assert len(here.cache) == 6
+    assert here.cache.get(done).status == "completed"  # type: ignore[union-attr]
+    assert here.cache.server_counts() == {"srv-a": (4, 4), "srv-b": (2, 1)}
+    assert here.cache.apply_put(gone, 13, envelope(gone)) is None  # its tombstone came too
+    assert here.rejected[-1] is Rejected.STALE
+    here.now += 61
+    assert here.cache.sweep() == 1 and here.removed == [expiring]
+    assert here.cache.server_counts() == {"srv-a": (3, 3), "srv-b": (2, 1)}
+
+
+def test_a_task_held_on_both_sides_is_merged_by_the_reader_rules() -> None:
+    """Read through while the worker read it: the later revision wins, and is heard of."""
+    here, there = Recorder(), Recorder()
+    newer_there, newer_here, removed_there = new_task_id(), new_task_id(), new_task_id()
+    here.cache.apply_put(newer_there, 1, envelope(newer_there))
+    there.cache.apply_put(newer_there, 5, envelope(newer_there, "completed"))
+    here.cache.apply_put(newer_here, 7, envelope(newer_here, "failed", server="srv-b"))
+    there.cache.apply_put(newer_here, 6, envelope(newer_here, server="srv-b"))
+    here.cache.apply_put(removed_there, 2, envelope(removed_there))
+    there.cache.apply_delete(removed_there, 8)
+    here.changes.clear()
+
+    assert here.cache.merge(there.cache.part()) == 0
+    assert [(s.task_id, s.revision) for s in here.changes] == [(newer_there, 5)]
+    assert here.removed == [removed_there]
+    assert here.rejected == [Rejected.STALE]  # newer_here's revision 6, after 7
+    assert here.cache.get(newer_here).revision == 7  # type: ignore[union-attr]
+    assert here.cache.server_counts() == {"srv-1": (1, 0), "srv-b": (1, 0)}
