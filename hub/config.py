@@ -143,6 +143,11 @@ class Config:
 
     def nats_options(self) -> dict[str, Any]:
         """Keyword arguments for `nats.connect`: failure detection, credentials and TLS."""
+        return connect_options(self.nats_plain_options())
+
+    def nats_plain_options(self) -> dict[str, Any]:
+        """`nats_options` as JSON carries them, TLS as its files (`connect_options` makes
+        the context): what the first read's worker process is given (hub/first_read_worker.py)."""
         options: dict[str, Any] = {
             # A frozen or unreachable server is noticed after about (pings + 1) intervals,
             # not nats-py's 2 x 120 s: the connection drops and /readyz turns 503.
@@ -159,15 +164,26 @@ class Config:
         if self.nats_creds is not None:
             options["user_credentials"] = str(self.nats_creds)
         if self.nats_tls_ca or self.nats_tls_cert:
-            context = ssl.create_default_context(
-                cafile=str(self.nats_tls_ca) if self.nats_tls_ca else None
-            )
-            if self.nats_tls_cert is not None:
-                context.load_cert_chain(
-                    str(self.nats_tls_cert), str(self.nats_tls_key) if self.nats_tls_key else None
+            options["tls"] = {
+                name: None if path is None else str(path)
+                for name, path in (
+                    ("ca", self.nats_tls_ca),
+                    ("cert", self.nats_tls_cert),
+                    ("key", self.nats_tls_key),
                 )
-            options["tls"] = context
+            }
         return options
+
+
+def connect_options(plain: dict[str, Any]) -> dict[str, Any]:
+    """`Config.nats_plain_options` for `nats.connect`: TLS files made into a context."""
+    tls = plain.get("tls")
+    if tls is None:
+        return plain
+    context = ssl.create_default_context(cafile=tls["ca"])
+    if tls["cert"] is not None:
+        context.load_cert_chain(tls["cert"], tls["key"])
+    return {**plain, "tls": context}
 
 
 def _positive_int(text: str) -> int:
