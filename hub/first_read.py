@@ -14,7 +14,10 @@ is most of the ten seconds a replica may take to be ready. So the first read run
 - each message applied to the cache as the watch applies it (`apply`).
 
 It ends when the consumer has nothing pending, or has delivered the stream's last
-sequence as of its making. Anything else ends it early, keeping what was applied: a gap in
+sequence as of its making (a message after it ends the read unapplied). At SPLIT_FROM
+messages and more, the hub reads up to a middle sequence this way and a worker process
+reads the rest (`start_seq`: every message from there on) on the second core
+(hub/first_read_worker.py). Anything else ends it early, keeping what was applied: a gap in
 the consumer sequence, a status message (a leadership change, the consumer gone), a
 permissions error, a lost connection, no message for STALL_S. Either way the watch then
 resumes after the last sequence applied, as after a checkpoint: every key whose latest
@@ -59,8 +62,11 @@ class FirstRead:
     message before it too), `count` how many messages were, `ended_early` why it stopped
     before the end ("" if it did not), `consumer` the consumer to delete afterwards."""
 
-    def __init__(self, js: Any, stream: str, bucket: str, apply: Apply) -> None:
+    def __init__(
+        self, js: Any, stream: str, bucket: str, apply: Apply, *, start_seq: int = 0
+    ) -> None:
         self.js = js
+        self.start_seq = start_seq  # 0: the last value of every key; else every message on
         self.stream = stream
         self.bucket = bucket
         self.apply = apply
@@ -76,7 +82,8 @@ class FirstRead:
         self._connected = False
 
     async def run(self, servers: list[str], options: dict[str, Any], last_seq: int) -> None:
-        """Read until the consumer has nothing pending or has delivered `last_seq`."""
+        """Read until the consumer has nothing pending or has delivered `last_seq`; a
+        message after `last_seq` ends the read unapplied."""
         nc = NatsClient()
         nc._ps = cutter = FrameCutter(nc, self._take)  # nats-py has no hook for its parser
         try:
@@ -95,7 +102,12 @@ class FirstRead:
             info = await self.js.add_consumer(
                 self.stream,
                 api.ConsumerConfig(
-                    deliver_policy=api.DeliverPolicy.LAST_PER_SUBJECT,
+                    deliver_policy=(
+                        api.DeliverPolicy.BY_START_SEQUENCE
+                        if self.start_seq
+                        else api.DeliverPolicy.LAST_PER_SUBJECT
+                    ),
+                    opt_start_seq=self.start_seq or None,
                     ack_policy=api.AckPolicy.NONE,
                     filter_subject=f"$KV.{self.bucket}.>",
                     inactive_threshold=INACTIVE_S,
@@ -137,6 +149,9 @@ class FirstRead:
                     self._end(f"status {status_line(headers)!r}")
                     return
                 seq, consumer_seq, pending = delivery_sequences(reply)
+                if seq > stop_seq:  # another reader's (a split read), or written since
+                    self._done.set()
+                    break
                 if consumer_seq != delivered + 1:
                     self._end(f"consumer sequence {consumer_seq} after {delivered}")
                     return

@@ -45,6 +45,7 @@ from hub.bucket_watch import NO_BATCH, Batch, BucketWatch
 from hub.cache import TaskCache, TaskSnapshot
 from hub.checkpoints import Checkpoints
 from hub.first_read import FirstRead
+from hub.first_read_worker import SPLIT_FROM, LaterHalf, split_at
 from hub.metrics import Metrics
 
 log = logging.getLogger("taskhub.nats")
@@ -107,8 +108,16 @@ class NatsSource:
         monitor_url: str | None = None,
         checkpoint_path: Path | None = None,
         checkpoint_every: float = 0.0,
+        plain_options: dict[str, Any] | None = None,
+        split_from: int = SPLIT_FROM,
     ) -> None:
         self.nats_options = nats_options or {}
+        # The options as JSON carries them, for the first read's worker (TLS as its files):
+        # without them, and with a TLS context in `nats_options`, one process reads.
+        if plain_options is None and "tls" not in self.nats_options:
+            plain_options = self.nats_options
+        self.plain_options = plain_options
+        self.split_from = split_from  # messages from which two processes read the first time
         self.monitor_url = monitor_url  # NATS monitoring, for the sync policy
         self.nats_url = nats_url
         self._servers = [url.strip() for url in nats_url.split(",") if url.strip()]
@@ -296,7 +305,12 @@ class NatsSource:
             if last_seq and not self._first_read_tried:
                 # Nothing cached: read every task in bulk first, then watch from there.
                 self._first_read_tried = True
-                self._first_read_task = asyncio.create_task(self._read_first(last_seq))
+                mid = 0
+                if self.plain_options is not None:
+                    mid = split_at(
+                        info.state.first_seq, last_seq, info.state.messages, self.split_from
+                    )
+                self._first_read_task = asyncio.create_task(self._read_first(last_seq, mid))
                 return
             config = api.ConsumerConfig(
                 deliver_policy=api.DeliverPolicy.LAST_PER_SUBJECT,
@@ -321,28 +335,74 @@ class NatsSource:
         else:
             self._catch_up_task = asyncio.create_task(self._confirm_catch_up())
 
-    async def _read_first(self, last_seq: int) -> None:
-        """Every task in bulk (hub/first_read.py); then the watch, from where it stopped."""
+    async def _read_first(self, last_seq: int, mid: int) -> None:
+        """Every task in bulk (hub/first_read.py), the messages after `mid` (if not 0) in
+        a process of its own (hub/first_read_worker.py); then the watch, from where the
+        read stopped."""
         started = time.perf_counter()
+        later = None
+        if mid:
+            try:
+                later = await LaterHalf.start(self._worker_job(mid + 1, last_seq))
+            except Exception as exc:  # no process to be had: this one reads it all
+                log.warning("first read: no worker process (%s); reading in one", exc)
         reader = FirstRead(self.js, self.stream, self.bucket, self._apply)
+        count, ended_early, apart = 0, "", 0
         try:
-            await reader.run(self._servers, self.nats_options, last_seq)
-        except Exception as exc:  # NATS unreachable, the consumer refused: the watch reads
-            reader.ended_early = reader.ended_early or f"{type(exc).__name__}: {exc}"
+            try:
+                await reader.run(self._servers, self.nats_options, mid if later else last_seq)
+            except Exception as exc:  # NATS unreachable, the consumer refused: the watch reads
+                reader.ended_early = reader.ended_early or f"{type(exc).__name__}: {exc}"
+            finally:
+                if reader.consumer:
+                    self._forget_consumer(reader.consumer)
+            count, ended_early = reader.count, reader.ended_early
+            if later is not None and not ended_early:
+                # The earlier half is whole: the watch may resume after `mid` at least.
+                self._applied_seq = max(self._applied_seq, mid)
+                try:
+                    outcome = await later.outcome()
+                except Exception as exc:
+                    ended_early = f"the worker process failed: {type(exc).__name__}: {exc}"
+                else:
+                    apart = outcome.count
+                    self.metrics.kv_updates.inc(self.cache.merge(outcome.part))
+                    self._applied_seq = max(self._applied_seq, outcome.applied)
+                    count += apart
+                    if outcome.ended_early:
+                        ended_early = f"the worker process: {outcome.ended_early}"
         finally:
-            if reader.consumer:
-                self._forget_consumer(reader.consumer)
+            if later is not None:
+                await later.stop()
         seconds = time.perf_counter() - started
-        if reader.ended_early:
+        if ended_early:
             log.warning(
                 "first read ended early after %d messages in %.2f s (%s); the watch reads the rest",
-                reader.count,
+                count,
                 seconds,
-                reader.ended_early,
+                ended_early,
+            )
+        elif apart:
+            log.info(
+                "first read: %d messages in %.2f s, %d of them in a worker process",
+                count,
+                seconds,
+                apart,
             )
         else:
-            log.info("first read: %d messages in %.2f s", reader.count, seconds)
+            log.info("first read: %d messages in %.2f s", count, seconds)
         self._restart_watch(counted=False)
+
+    def _worker_job(self, start_seq: int, stop_seq: int) -> dict[str, Any]:
+        """What the first read's worker process is told (hub/first_read_worker.py)."""
+        return {
+            "servers": self._servers,
+            "options": self.plain_options,
+            "stream": self.stream,
+            "bucket": self.bucket,
+            "start_seq": start_seq,
+            "stop_seq": stop_seq,
+        }
 
     def _apply(self, key: str, seq: int, removed: bool, data: bytes) -> None:
         if removed:
@@ -481,6 +541,8 @@ class NatsSource:
         ):
             if task is not None:
                 task.cancel()
+        if self._first_read_task is not None:  # its worker process stopped and reaped
+            await asyncio.wait({self._first_read_task})
         feed, self._feed = self._feed, None
         if feed is not None:
             await feed.close()  # nothing is applied after this

@@ -47,6 +47,7 @@ class Hub:
             self.metrics,
             replicas=config.replicas,
             nats_options=config.nats_options(),
+            plain_options=config.nats_plain_options(),
             monitor_url=config.nats_monitor_url,
             checkpoint_path=config.checkpoint,
             checkpoint_every=config.checkpoint_every,

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import random
+import socket
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -17,6 +19,7 @@ from bridge.jetstream import ensure_bucket, ensure_control_stream
 from bridge.wire import kv_stream, kv_subject
 from hub.cache import Rejected, TaskCache
 from hub.embedded_nats import NatsServerProcess
+from hub.first_read_worker import LaterHalf, cores
 from hub.metrics import Metrics
 from hub.nats_source import NatsSource
 from tests.helpers import envelope, eventually, free_port, new_task_id
@@ -41,9 +44,36 @@ async def latest_revisions(js: Any, bucket: str, task_ids: list[str]) -> dict[st
     return {task_id: (await kv.get(task_id)).revision for task_id in task_ids}
 
 
-def source_for(url: str, bucket: str, cache: TaskCache | None = None, **options: Any) -> NatsSource:
+def source_for(
+    url: str, bucket: str, cache: TaskCache | None = None, split: bool = False, **options: Any
+) -> NatsSource:
+    """A source whose first read runs in one process, or (`split`) in two from any size."""
     return NatsSource(
-        url, bucket, TaskCache() if cache is None else cache, Metrics(), nats_options=options
+        url,
+        bucket,
+        TaskCache() if cache is None else cache,
+        Metrics(),
+        nats_options=options,
+        split_from=1 if split else 1 << 62,
+    )
+
+
+@pytest.fixture(params=[False, True], ids=["one-process", "two-processes"])
+def split(request: pytest.FixtureRequest) -> bool:
+    """Each first read twice: in the hub alone, and with a worker process reading the
+    later half (hub/first_read_worker.py)."""
+    if request.param and cores() < 2:
+        pytest.skip("a split first read needs two cores")
+    return bool(request.param)
+
+
+def read_in(lines: list[str], count: int, split: bool) -> bool:
+    """The first read's log line says it read `count` messages, split or not as asked."""
+    worker = "of them in a worker process" in lines[0] if lines else False
+    return (
+        bool(lines)
+        and lines[0].startswith(f"first read: {count} messages in")
+        and (worker == split)
     )
 
 
@@ -59,7 +89,7 @@ def first_read_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
 
 
 async def test_a_hub_with_nothing_cached_reads_every_task_in_bulk(
-    nc: Any, js: Any, bucket: str, nats_url: str, caplog: pytest.LogCaptureFixture
+    nc: Any, js: Any, bucket: str, nats_url: str, caplog: pytest.LogCaptureFixture, split: bool
 ) -> None:
     caplog.set_level(logging.INFO, logger="taskhub.nats")
     ids = await filled(nc, js, bucket, 20_000)
@@ -73,12 +103,14 @@ async def test_a_hub_with_nothing_cached_reads_every_task_in_bulk(
     # Pings every 50 ms: their answers reach the reader's parser between the frames.
     rejected: list[Rejected] = []
     cache = TaskCache(on_reject=rejected.append)
-    source = source_for(nats_url, bucket, cache, ping_interval=0.05, max_outstanding_pings=20)
+    source = source_for(
+        nats_url, bucket, cache, split, ping_interval=0.05, max_outstanding_pings=20
+    )
     await source.start()
     try:
         await source.wait_caught_up(30)
         lines = first_read_lines(caplog)
-        assert lines and lines[0].startswith(f"first read: {len(ids)} messages in"), lines
+        assert read_in(lines, len(ids), split), lines
         assert len(cache) == len(ids) - 4
         assert cache.get(done) is not None and cache.get(done).status == "completed"  # type: ignore[union-attr]
         assert [cache.get(tid) for tid in (deleted, purged, bad, misplaced)] == [None] * 4
@@ -95,31 +127,31 @@ async def test_a_hub_with_nothing_cached_reads_every_task_in_bulk(
 
 
 async def test_a_server_that_cannot_be_reached_first_does_not_end_the_first_read(
-    nc: Any, js: Any, bucket: str, nats_url: str, caplog: pytest.LogCaptureFixture
+    nc: Any, js: Any, bucket: str, nats_url: str, caplog: pytest.LogCaptureFixture, split: bool
 ) -> None:
     """nats-py reports each server it cannot reach while connecting, then tries the next:
     a cluster node down as the hub starts must not cut its first read short."""
     caplog.set_level(logging.INFO, logger="taskhub.nats")
     ids = await filled(nc, js, bucket, 300)
     down = f"nats://127.0.0.1:{free_port()}"
-    source = source_for(f"{down},{nats_url}", bucket, dont_randomize=True)
+    source = source_for(f"{down},{nats_url}", bucket, split=split, dont_randomize=True)
     await source.start()
     try:
         await source.wait_caught_up(30)
         lines = first_read_lines(caplog)
-        assert lines and lines[0].startswith(f"first read: {len(ids)} messages in"), lines
+        assert read_in(lines, len(ids), split), lines
         assert len(source.cache) == len(ids)
     finally:
         await source.close()
 
 
 async def test_values_written_during_the_first_read_are_not_lost(
-    nc: Any, js: Any, bucket: str, nats_url: str, caplog: pytest.LogCaptureFixture
+    nc: Any, js: Any, bucket: str, nats_url: str, caplog: pytest.LogCaptureFixture, split: bool
 ) -> None:
     caplog.set_level(logging.INFO, logger="taskhub.nats")
     ids = await filled(nc, js, bucket, 30_000)
     kv = await js.key_value(bucket)
-    source = source_for(nats_url, bucket)
+    source = source_for(nats_url, bucket, split=split)
     rng = random.Random(7)
     created: list[str] = []
     finished: set[str] = set()
@@ -177,7 +209,7 @@ async def no_pulls(tmp_path: Path) -> AsyncIterator[str]:
 
 
 async def test_a_refused_first_read_leaves_the_reading_to_the_watch(
-    no_pulls: str, caplog: pytest.LogCaptureFixture
+    no_pulls: str, caplog: pytest.LogCaptureFixture, split: bool
 ) -> None:
     caplog.set_level(logging.INFO, logger="taskhub.nats")
     bucket = "refused"
@@ -187,7 +219,7 @@ async def test_a_refused_first_read_leaves_the_reading_to_the_watch(
         await ensure_bucket(js, bucket)
         await ensure_control_stream(js)
         ids = await filled(nc, js, bucket, 500)
-        source = source_for(no_pulls, bucket, user="hub", password="pw")
+        source = source_for(no_pulls, bucket, split=split, user="hub", password="pw")
         await source.start()
         try:
             await source.wait_caught_up(30)
@@ -199,3 +231,85 @@ async def test_a_refused_first_read_leaves_the_reading_to_the_watch(
             await source.close()
     finally:
         await nc.close()
+
+
+def workers_of(pid: int) -> list[int]:
+    """The first-read worker processes whose parent is `pid`."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes()
+            status = (entry / "status").read_text()
+        except OSError:  # gone meanwhile
+            continue
+        parent = next(line for line in status.splitlines() if line.startswith("PPid:"))
+        if b"hub.first_read_worker" in cmdline and int(parent.split()[1]) == pid:
+            found.append(int(entry.name))
+    return found
+
+
+async def test_a_worker_process_that_fails_costs_speed_not_a_task(
+    nc: Any, js: Any, bucket: str, nats_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Its half is read by the watch instead: a worker told of credentials that do not
+    exist cannot connect, and exits with an error."""
+    if cores() < 2:
+        pytest.skip("a split first read needs two cores")
+    caplog.set_level(logging.INFO, logger="taskhub.nats")
+    ids = await filled(nc, js, bucket, 2_000)
+    source = NatsSource(
+        nats_url,
+        bucket,
+        TaskCache(),
+        Metrics(),
+        plain_options={"user_credentials": "/nonexistent/taskhub.creds"},
+        split_from=1,
+    )
+    await source.start()
+    try:
+        await source.wait_caught_up(30)
+        assert sorted(source.cache.task_ids()) == sorted(ids)
+        lines = first_read_lines(caplog)
+        assert len(lines) == 1 and "the worker process failed" in lines[0], lines
+        assert workers_of(os.getpid()) == []
+    finally:
+        await source.close()
+
+
+async def test_a_hub_that_stops_mid_read_leaves_no_worker_behind(
+    nc: Any, js: Any, bucket: str, nats_url: str
+) -> None:
+    if cores() < 2:
+        pytest.skip("a split first read needs two cores")
+    await filled(nc, js, bucket, 30_000)
+    source = source_for(nats_url, bucket, split=True)
+    await source.start()
+    try:
+        await eventually(lambda: bool(workers_of(os.getpid())), timeout=10, interval=0.005)
+    finally:
+        await source.close()
+    assert workers_of(os.getpid()) == []
+
+
+async def test_a_worker_whose_hub_is_gone_exits() -> None:
+    """The hub killed (SIGKILL: no chance to stop its worker) closes the worker's stdin;
+    the worker, here still connecting to a server that never answers, exits."""
+    silent = socket.create_server(("127.0.0.1", 0))
+    try:
+        job = {
+            "servers": [f"nats://127.0.0.1:{silent.getsockname()[1]}"],
+            "options": {"connect_timeout": 60},
+            "stream": "KV_x",
+            "bucket": "x",
+            "start_seq": 1,
+            "stop_seq": 10,
+        }
+        worker = await LaterHalf.start(job)
+        assert worker.process.stdin is not None
+        worker.process.stdin.close()  # what the kernel does for a killed hub
+        async with asyncio.timeout(10):
+            assert await worker.process.wait() == 3
+    finally:
+        silent.close()

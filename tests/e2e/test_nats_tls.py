@@ -1,11 +1,13 @@
 """The hub on a nats-server that requires TLS (`--nats-tls-ca`): every connection, the
-watch's and the first read's among them, reads its frames through TLS; changes reach a
-listen stream in order, first read, watch and express lane alike."""
+watch's and the first read's (its worker process's too) among them, reads its frames
+through TLS; changes reach a listen stream in order, first read, watch and express lane
+alike."""
 
 from __future__ import annotations
 
 import datetime
 import ipaddress
+import logging
 import ssl
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,7 +21,12 @@ from cryptography.x509.oid import NameOID
 
 from bridge.jetstream import ensure_bucket, ensure_control_stream
 from bridge.wire import kv_subject
+from hub.cache import TaskCache
+from hub.config import Config, connect_options
 from hub.embedded_nats import NatsServerProcess
+from hub.first_read_worker import cores
+from hub.metrics import Metrics
+from hub.nats_source import NatsSource
 from tests.helpers import envelope, eventually, new_task_id, start_hub
 
 
@@ -97,5 +104,44 @@ async def test_a_hub_reads_every_change_over_tls(
                     assert (await stream.next())["params"]["statusMessage"] == f"step {step}"
         finally:
             await hub.stop()
+    finally:
+        await nc.close()
+
+
+async def test_a_first_read_worker_reads_over_tls_too(
+    tls_nats: tuple[NatsServerProcess, Path], bucket: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The worker process is told of the TLS files (a context cannot be sent) and makes
+    its own context from them."""
+    if cores() < 2:
+        pytest.skip("a split first read needs two cores")
+    caplog.set_level(logging.INFO, logger="taskhub.nats")
+    server, ca = tls_nats
+    plain = Config(nats_tls_ca=ca).nats_plain_options()
+    nc = await nats.connect(server.url, tls=connect_options(plain)["tls"])
+    try:
+        js = nc.jetstream()
+        await ensure_bucket(js, bucket)
+        await ensure_control_stream(js)
+        ids = [new_task_id() for _ in range(200)]
+        for tid in ids:
+            await js.publish(kv_subject(bucket, tid), envelope(tid))
+        source = NatsSource(
+            server.url,
+            bucket,
+            TaskCache(),
+            Metrics(),
+            nats_options=connect_options(plain),
+            plain_options=plain,
+            split_from=1,
+        )
+        await source.start()
+        try:
+            await source.wait_caught_up(30)
+            assert sorted(source.cache.task_ids()) == sorted(ids)
+            lines = [r.getMessage() for r in caplog.records if "first read" in r.getMessage()]
+            assert len(lines) == 1 and "of them in a worker process" in lines[0], lines
+        finally:
+            await source.close()
     finally:
         await nc.close()
