@@ -94,7 +94,7 @@ class CachePart(msgspec.Struct, array_like=True):
 
     task_ids: list[str]
     packed: list[bytes]
-    expiring: dict[int, list[str]]  # the second a task expires by → its ids
+    expiring: dict[int, list[int]]  # the second tasks expire by → their places in task_ids
     servers: dict[str, list[int]]  # server → [tasks, of which not terminal]
     tombstones: dict[str, tuple[int, float]]  # removed task → (revision, kept until)
     rejected: dict[str, int]  # Rejected's value → how many
@@ -248,10 +248,16 @@ class TaskCache:
 
     def part(self) -> CachePart:
         """Everything held, with its indexes: what `merge` takes in another process."""
+        task_ids = list(self._tasks)
+        index = dict(zip(task_ids, range(len(task_ids)), strict=True))
+        expiring = {  # a removed task's entries left out
+            second: [index[key] for key in keys if key in index]
+            for second, keys in self._expiring.items()
+        }
         return CachePart(
-            list(self._tasks),
+            task_ids,
             list(self._tasks.values()),
-            self._expiring,
+            expiring,  # as places in task_ids: sent as ids, each would arrive a copy
             self._servers,
             self._tombstones,
             self._rejected,
@@ -288,7 +294,8 @@ class TaskCache:
             counts[1] += active
             if counts[0] <= 0:
                 del self._servers[server]
-        for second, keys in part.expiring.items():  # an entry of a task left out: harmless
+        for second, places in part.expiring.items():  # a task left out's entry: harmless
+            keys = list(map(part.task_ids.__getitem__, places))
             if second in self._expiring:
                 self._expiring[second].extend(keys)
             else:

@@ -81,6 +81,9 @@ class LaterHalf:
 
     def __init__(self, process: asyncio.subprocess.Process) -> None:
         self.process = process
+        assert process.stdout is not None
+        # Read as it comes, while the hub reads its own half: ~150 MB at a million tasks.
+        self._output = asyncio.ensure_future(process.stdout.read())
 
     @classmethod
     async def start(cls, job: dict[str, Any]) -> LaterHalf:
@@ -98,9 +101,8 @@ class LaterHalf:
 
     async def outcome(self, timeout: float = RESULT_TIMEOUT_S) -> Outcome:
         """The child's result; raises if it failed, said something else or took too long."""
-        assert self.process.stdout is not None
         async with asyncio.timeout(timeout):
-            data = await self.process.stdout.read()
+            data = await self._output
             code = await self.process.wait()
         if code != 0:
             raise RuntimeError(f"exited with {code}")
@@ -108,6 +110,7 @@ class LaterHalf:
 
     async def stop(self) -> None:
         """Kill the child if it still runs, and reap it."""
+        self._output.cancel()
         if self.process.stdin is not None:
             self.process.stdin.close()
         if self.process.returncode is None:

@@ -347,7 +347,7 @@ class NatsSource:
             except Exception as exc:  # no process to be had: this one reads it all
                 log.warning("first read: no worker process (%s); reading in one", exc)
         reader = FirstRead(self.js, self.stream, self.bucket, self._apply)
-        count, ended_early, apart = 0, "", 0
+        count, ended_early, apart, phases = 0, "", 0, ""
         try:
             try:
                 await reader.run(self._servers, self.nats_options, mid if later else last_seq)
@@ -357,6 +357,7 @@ class NatsSource:
                 if reader.consumer:
                     self._forget_consumer(reader.consumer)
             count, ended_early = reader.count, reader.ended_early
+            own = time.perf_counter()
             if later is not None and not ended_early:
                 # The earlier half is whole: the watch may resume after `mid` at least.
                 self._applied_seq = max(self._applied_seq, mid)
@@ -365,12 +366,17 @@ class NatsSource:
                 except Exception as exc:
                     ended_early = f"the worker process failed: {type(exc).__name__}: {exc}"
                 else:
-                    apart = outcome.count
+                    came = time.perf_counter()
                     self.metrics.kv_updates.inc(self.cache.merge(outcome.part))
                     self._applied_seq = max(self._applied_seq, outcome.applied)
-                    count += apart
+                    apart, count = outcome.count, count + outcome.count
                     if outcome.ended_early:
                         ended_early = f"the worker process: {outcome.ended_early}"
+                    taken = time.perf_counter() - came
+                    phases = (
+                        f" (the hub's half read in {own - started:.2f} s, the worker's"
+                        f" {came - own:.2f} s later, taken in in {taken:.2f} s)"
+                    )
         finally:
             if later is not None:
                 await later.stop()
@@ -384,10 +390,11 @@ class NatsSource:
             )
         elif apart:
             log.info(
-                "first read: %d messages in %.2f s, %d of them in a worker process",
+                "first read: %d messages in %.2f s, %d of them in a worker process%s",
                 count,
                 seconds,
                 apart,
+                phases,
             )
         else:
             log.info("first read: %d messages in %.2f s", count, seconds)
