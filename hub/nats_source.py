@@ -42,10 +42,10 @@ from bridge.wire import (
     kv_subject,
 )
 from hub.bucket_watch import NO_BATCH, Batch, BucketWatch
+from hub.bulk_read import read_in_bulk
 from hub.cache import TaskCache, TaskSnapshot
 from hub.checkpoints import Checkpoints
-from hub.first_read import FirstRead
-from hub.first_read_worker import SPLIT_FROM, LaterHalf, split_at
+from hub.first_read_worker import SPLIT_FROM, split_at
 from hub.metrics import Metrics
 
 log = logging.getLogger("taskhub.nats")
@@ -336,80 +336,47 @@ class NatsSource:
             self._catch_up_task = asyncio.create_task(self._confirm_catch_up())
 
     async def _read_first(self, last_seq: int, mid: int) -> None:
-        """Every task in bulk (hub/first_read.py), the messages after `mid` (if not 0) in
-        a process of its own (hub/first_read_worker.py); then the watch, from where the
-        read stopped."""
+        """Every task in bulk (hub/bulk_read.py), the messages after `mid` (if not 0) in a
+        worker process; then the watch, from where the read stopped."""
         started = time.perf_counter()
-        later = None
-        if mid:
-            try:
-                later = await LaterHalf.start(self._worker_job(mid + 1, last_seq))
-            except Exception as exc:  # no process to be had: this one reads it all
-                log.warning("first read: no worker process (%s); reading in one", exc)
-        reader = FirstRead(self.js, self.stream, self.bucket, self._apply)
-        count, ended_early, apart, phases = 0, "", 0, ""
-        try:
-            try:
-                await reader.run(self._servers, self.nats_options, mid if later else last_seq)
-            except Exception as exc:  # NATS unreachable, the consumer refused: the watch reads
-                reader.ended_early = reader.ended_early or f"{type(exc).__name__}: {exc}"
-            finally:
-                if reader.consumer:
-                    self._forget_consumer(reader.consumer)
-            count, ended_early = reader.count, reader.ended_early
-            own = time.perf_counter()
-            if later is not None and not ended_early:
-                # The earlier half is whole: the watch may resume after `mid` at least.
-                self._applied_seq = max(self._applied_seq, mid)
-                try:
-                    outcome = await later.outcome()
-                except Exception as exc:
-                    ended_early = f"the worker process failed: {type(exc).__name__}: {exc}"
-                else:
-                    came = time.perf_counter()
-                    self.metrics.kv_updates.inc(self.cache.merge(outcome.part))
-                    self._applied_seq = max(self._applied_seq, outcome.applied)
-                    apart, count = outcome.count, count + outcome.count
-                    if outcome.ended_early:
-                        ended_early = f"the worker process: {outcome.ended_early}"
-                    taken = time.perf_counter() - came
-                    phases = (
-                        f" (the hub's half read in {own - started:.2f} s, the worker's"
-                        f" {came - own:.2f} s later, taken in in {taken:.2f} s)"
-                    )
-        finally:
-            if later is not None:
-                await later.stop()
+        read = await read_in_bulk(
+            self.js,
+            self.stream,
+            self.bucket,
+            self.cache,
+            self._apply,
+            self._forget_consumer,
+            (self._servers, self.nats_options),
+            last_seq,
+            self._worker_job(),
+            mid,
+        )
+        self.metrics.kv_updates.inc(read.merged)
+        self._applied_seq = max(self._applied_seq, read.applied)
         seconds = time.perf_counter() - started
-        if ended_early:
+        if read.ended_early:
             log.warning(
                 "first read ended early after %d messages in %.2f s (%s); the watch reads the rest",
-                count,
+                read.count,
                 seconds,
-                ended_early,
+                read.ended_early,
             )
-        elif apart:
+        elif read.apart:
             log.info(
                 "first read: %d messages in %.2f s, %d of them in a worker process%s",
-                count,
+                read.count,
                 seconds,
-                apart,
-                phases,
+                read.apart,
+                read.phases,
             )
         else:
-            log.info("first read: %d messages in %.2f s", count, seconds)
+            log.info("first read: %d messages in %.2f s", read.count, seconds)
         self._restart_watch(counted=False)
 
-    def _worker_job(self, start_seq: int, stop_seq: int) -> dict[str, Any]:
-        """What the first read's worker process is told (hub/first_read_worker.py)."""
-        return {
-            "servers": self._servers,
-            "options": self.plain_options,
-            "stream": self.stream,
-            "bucket": self.bucket,
-            "start_seq": start_seq,
-            "stop_seq": stop_seq,
-        }
+    def _worker_job(self) -> dict[str, Any]:
+        """What a first read's worker process is told, but for its sequences."""
+        options, stream, bucket = self.plain_options, self.stream, self.bucket
+        return {"servers": self._servers, "options": options, "stream": stream, "bucket": bucket}
 
     def _apply(self, key: str, seq: int, removed: bool, data: bytes) -> None:
         if removed:
