@@ -174,7 +174,12 @@ def _checked_created_at(task: DetailedTask) -> datetime:
         raise InvalidEnvelope("taskId does not match [A-Za-z0-9_-]{16,128}")
     try:
         created = datetime.fromisoformat(task.createdAt)
-        updated = datetime.fromisoformat(task.lastUpdatedAt)
+        # A task's first revision was last updated when it was created: parsed once.
+        updated = (
+            created
+            if task.lastUpdatedAt == task.createdAt
+            else datetime.fromisoformat(task.lastUpdatedAt)
+        )
         zoned = created.tzinfo is not None and updated.tzinfo is not None
     except ValueError:
         zoned = False

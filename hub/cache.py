@@ -48,6 +48,7 @@ RECENT_SNAPSHOTS = 16_384  # at most ~8 MB of snapshots
 PACKED = struct.Struct("<QdqBHH")
 _ID_LEFT_OUT = 0x80
 _ID_OPEN, _ID_CLOSE = b'{"taskId":"', b'",'
+_ID_FRAME = len(_ID_OPEN) + len(_ID_CLOSE)
 _LONG = struct.Struct("<II")
 _LONG_MARK = 0xFFFF
 _EXPIRY = struct.Struct("<d")  # expires_at alone, at offset 8
@@ -338,8 +339,23 @@ class TaskCache:
         # A task not held and never removed (every one, in a first read) needs no checks.
         if key in self._tasks or (self._tombstones and key in self._tombstones):
             return self._replace(snapshot)
-        self._tasks[key] = pack(snapshot)
-        self._count(snapshot.server, snapshot.status in TERMINAL, 1)
+        # `pack` and `_count` written out: this runs a million times in a first read. The
+        # body opens with its id (`taskId` is DetailedTask's first field, and the key).
+        self._tasks[key] = _packed(
+            revision,
+            expires_at,
+            snapshot.poll_interval_ms,
+            _STATUS_INDEX[task.status] | _ID_LEFT_OUT,
+            _encoded(envelope.owner),
+            _encoded(envelope.server),
+            body[len(key) + _ID_FRAME :],
+        )
+        counts = self._servers.get(envelope.server)
+        if counts is None:
+            counts = self._servers[envelope.server] = [0, 0]
+        counts[0] += 1
+        if task.status not in TERMINAL:
+            counts[1] += 1
         if expires_at is not None:
             self._expire_by(key, expires_at)
         self._on_change(snapshot)
@@ -451,19 +467,52 @@ class TaskCache:
         self._on_reject(reason)
 
 
+# Owners and servers as bytes: a fleet has a few of each, in many tasks. Bounded, since a
+# hostile writer could name a new one in each value.
+ENCODED_KEPT = 4096
+_encoded_names: dict[str, bytes] = {}
+
+
+def _encoded(name: str) -> bytes:
+    encoded = _encoded_names.get(name)
+    if encoded is None:
+        if len(_encoded_names) >= ENCODED_KEPT:
+            _encoded_names.clear()
+        encoded = _encoded_names[name] = name.encode()
+    return encoded
+
+
 def pack(snapshot: TaskSnapshot) -> bytes:
     """One bytes object for the cache to hold (PACKED, then owner, server and body)."""
-    owner, server = snapshot.owner.encode(), snapshot.server.encode()
-    expires_at, poll = snapshot.expires_at, snapshot.poll_interval_ms
-    long = len(owner) >= _LONG_MARK or len(server) >= _LONG_MARK
     status = _STATUS_INDEX[snapshot.status]
     body = snapshot.body
     opening = b"".join((_ID_OPEN, snapshot.task_id.encode(), _ID_CLOSE))
     if body.startswith(opening):
         body = body[len(opening) :]  # a copy, but cheaper than a memoryview of it
         status |= _ID_LEFT_OUT
-    head = PACKED.pack(
+    return _packed(
         snapshot.revision,
+        snapshot.expires_at,
+        snapshot.poll_interval_ms,
+        status,
+        snapshot.owner.encode(),
+        snapshot.server.encode(),
+        body,
+    )
+
+
+def _packed(
+    revision: int,
+    expires_at: float | None,
+    poll: int | None,
+    status: int,
+    owner: bytes,
+    server: bytes,
+    body: bytes,
+) -> bytes:
+    long = len(owner) >= _LONG_MARK or len(server) >= _LONG_MARK
+    head = PACKED.pack(
+        revision,
         _NO_EXPIRY if expires_at is None else expires_at,
         -1 if poll is None else poll,
         status,

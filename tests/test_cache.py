@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hub.cache import RECENT_SNAPSHOTS, CachePart, Rejected, TaskCache, TaskSnapshot
+from hub.cache import RECENT_SNAPSHOTS, CachePart, Rejected, TaskCache, TaskSnapshot, pack
 from tests.helpers import envelope, new_task_id
 
 STATUSES = ["working", "input_required", "completed", "failed", "cancelled"]
@@ -48,6 +48,40 @@ def test_accepts_a_valid_value_and_encodes_the_task_once() -> None:
         "pollIntervalMs": 500,
     }
     assert (snap.owner, snap.server, snap.revision) == ("anonymous", "srv-1", 5)
+
+
+@pytest.mark.parametrize(
+    "owner",
+    ["anonymous", "ü" * 40_000],  # the second: 80,000 bytes, past the short head's lengths
+)
+@pytest.mark.parametrize("status", STATUSES)
+def test_a_new_task_is_held_as_pack_packs_it(owner: str, status: str) -> None:
+    # A new task is packed in apply_put's own words (its first-read path): it must be
+    # held byte for byte as `pack` would hold it, and read back whole.
+    r = Recorder()
+    tid = new_task_id()
+    value = envelope(
+        tid,
+        status,
+        owner=owner,
+        ttl_ms=60_000,
+        created_at="2026-01-01T01:00:00+01:00",  # the recorder's now, in another zone
+        lastUpdatedAt="2026-01-01T00:00:01Z",
+        statusMessage="line\u2028separator",  # escaped by line_safe in the body
+        pollIntervalMs=250,
+    )
+    snap = r.cache.apply_put(tid, 7, value)
+    assert snap is not None and b"\\u2028" in snap.body
+    assert r.cache.packed() == ([tid], [pack(snap)])
+    assert r.cache.get(tid) == snap  # unpacked anew: a first read's tasks are not kept
+
+
+def test_a_first_revision_without_a_time_zone_is_refused() -> None:
+    # createdAt == lastUpdatedAt is parsed once: the zone is still required.
+    r = Recorder()
+    tid = new_task_id()
+    assert r.cache.apply_put(tid, 1, envelope(tid, created_at="2026-01-01T00:00:00")) is None
+    assert r.rejected == [Rejected.MALFORMED] and len(r.cache) == 0
 
 
 def test_unknown_envelope_and_task_fields_are_ignored() -> None:
