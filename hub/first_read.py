@@ -41,7 +41,6 @@ from hub.frame_cutter import (
     Frame,
     FrameCutter,
     delivery_sequences,
-    is_delivery,
     removes,
     status_line,
 )
@@ -142,26 +141,36 @@ class FirstRead:
             return
         apply, prefix, stop_seq = self.apply, self._prefix, self._stop_seq
         delivered = first = self._delivered
-        applied = self.applied
+        applied = before = self.applied
+        last_reply = b""
         try:
             for subject, reply, headers, payload in frames:
-                if not is_delivery(reply):  # a status message: 409 ... or so
+                # The stream sequence alone, from the reply's tokens (`delivery_sequences`
+                # names them): the consumer's sequence and what is pending are read from
+                # the batch's last delivery, below. This runs once per task.
+                tokens = reply.split(b".")
+                if tokens[0] != b"$JS" or tokens[1] != b"ACK":  # a status message: 409 ...
                     self._end(f"status {status_line(headers)!r}")
-                    return
-                seq, consumer_seq, pending = delivery_sequences(reply)
+                    break
+                seq = int(tokens[5 if len(tokens) == 9 else 7])
                 if seq > stop_seq:  # another reader's (a split read), or written since
                     self._done.set()
                     break
-                if consumer_seq != delivered + 1:
-                    self._end(f"consumer sequence {consumer_seq} after {delivered}")
-                    return
-                removed = removes(headers)
-                apply(subject[prefix:].decode(), seq, removed, payload)
-                applied = seq
+                apply(subject[prefix:].decode(), seq, removes(headers), payload)
+                applied, last_reply = seq, reply
                 delivered += 1
-                if seq >= stop_seq or pending == 0:  # delivered the last, or no more
+                if seq == stop_seq:  # delivered the last
                     self._done.set()
                     break
+            if last_reply:
+                # Consumer sequences only rise: the last one taken is the count taken only
+                # if none was lost on the way.
+                _, consumer_seq, pending = delivery_sequences(last_reply)
+                if consumer_seq != delivered:
+                    delivered, applied, after = self._before_gap(frames, first, before)
+                    self._end(f"consumer sequence {after} after {delivered}")
+                elif pending == 0:  # no more
+                    self._done.set()
         except Exception as exc:  # a bug: end here, the watch reads the rest
             log.exception("first read failed on a message")
             self._end(f"{type(exc).__name__}: {exc}")
@@ -169,6 +178,19 @@ class FirstRead:
             self.applied, self.count = applied, self.count + delivered - first
             self._delivered = delivered
         self._progress.set()
+
+    @staticmethod
+    def _before_gap(frames: list[Frame], delivered: int, applied: int) -> tuple[int, int, int]:
+        """The consumer and stream sequences of the last delivery in `frames` before the
+        first lost one, where the read counts as stopped, and the consumer sequence that
+        came next. (What was applied after the gap the watch reads again: the same
+        revision twice changes nothing.)"""
+        for _, reply, _, _ in frames:
+            seq, consumer_seq, _ = delivery_sequences(reply)
+            if consumer_seq != delivered + 1:
+                return delivered, applied, consumer_seq
+            delivered, applied = consumer_seq, seq
+        raise AssertionError("no gap in the consumer sequence")
 
     def _end(self, reason: str) -> None:
         if not self._done.is_set():
