@@ -43,6 +43,7 @@ from hub.frame_cutter import (
     delivery_sequences,
     removes,
     status_line,
+    stream_sequence,
 )
 
 log = logging.getLogger("taskhub.nats")
@@ -145,14 +146,12 @@ class FirstRead:
         last_reply = b""
         try:
             for subject, reply, headers, payload in frames:
-                # The stream sequence alone, from the reply's tokens (`delivery_sequences`
-                # names them): the consumer's sequence and what is pending are read from
-                # the batch's last delivery, below. This runs once per task.
-                tokens = reply.split(b".")
-                if tokens[0] != b"$JS" or tokens[1] != b"ACK":  # a status message: 409 ...
+                # The stream sequence alone: the consumer's sequence and what is pending
+                # are read from the batch's last delivery, below.
+                seq = stream_sequence(reply)
+                if seq is None:  # a status message: 409 ...
                     self._end(f"status {status_line(headers)!r}")
                     break
-                seq = int(tokens[5 if len(tokens) == 9 else 7])
                 if seq > stop_seq:  # another reader's (a split read), or written since
                     self._done.set()
                     break

@@ -172,6 +172,15 @@ def is_delivery(reply: bytes) -> bool:
     return reply.startswith(b"$JS.ACK.")
 
 
+def stream_sequence(reply: bytes) -> int | None:
+    """A delivery's stream sequence alone (`delivery_sequences` below names the reply's
+    tokens), or None for a status message: the first read's one look at each message."""
+    tokens = reply.split(b".")
+    if tokens[0] != b"$JS" or tokens[1] != b"ACK":
+        return None
+    return int(tokens[5 if len(tokens) == 9 else 7])
+
+
 def delivery_sequences(reply: bytes) -> tuple[int, int, int]:
     """Stream sequence, consumer sequence and messages pending, from a delivery's reply:
     $JS.ACK.<stream>.<consumer>.<n>.<sseq>.<cseq>.<ts>.<pending>, or with <domain>.<account

@@ -10,7 +10,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hub.first_read import FirstRead
-from hub.frame_cutter import Frame, FrameCutter, delivery_sequences, removes
+from hub.frame_cutter import (
+    Frame,
+    FrameCutter,
+    delivery_sequences,
+    removes,
+    stream_sequence,
+)
 
 V1 = b"$JS.ACK.KV_b.c1.1.%d.%d.1700000000000000000.%d"
 V2 = b"$JS.ACK._.ACC.KV_b.c1.1.%d.%d.1700000000000000000.%d.tok"
@@ -145,6 +151,8 @@ def test_with_a_sid_set_only_that_subscriptions_frames_come_out() -> None:
 def test_both_reply_subject_forms_give_the_sequences() -> None:
     assert delivery_sequences(V1 % (50, 7, 3)) == (50, 7, 3)
     assert delivery_sequences(V2 % (50, 7, 3)) == (50, 7, 3)
+    assert stream_sequence(V1 % (50, 7, 3)) == stream_sequence(V2 % (50, 7, 3)) == 50
+    assert stream_sequence(b"") is None  # a status message has no reply subject
 
 
 PUT = b"NATS/1.0\r\nNats-Expected-Stream: KV_b\r\nNats-TTL: 60\r\n\r\n"
