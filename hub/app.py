@@ -18,36 +18,66 @@ from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from hub import dashboard
+from hub import dashboard, jsonrpc
 from hub.config import Config
-from hub.endpoint import McpEndpoint, Reply
+from hub.endpoint import JSON, McpEndpoint, Reply, respond
+from hub.hosts import HostRule
 from hub.legacy.endpoint import LegacyEndpoint
 from hub.legacy.sessions import Sessions
 from hub.operator import OperatorStream
 from hub.runtime import Hub
+from hub.sign_in import session
 from hub.sse import ListenStream
-from hub.task_reads import get_task
+from hub.task_reads import get_task, operators_only
 from hub.upstream import Pool, Upstream
 
 log = logging.getLogger("taskhub.http")
 Endpoint = McpEndpoint | LegacyEndpoint
 
 
+# An open hub's answer to a `Host` it does not serve (hub/hosts.py).
+MISDIRECTED = Reply(
+    421,
+    jsonrpc.encode_error(
+        None,
+        jsonrpc.invalid_request(
+            "Host not served: an open hub answers addresses, localhost, its public URL's "
+            "host and --allowed-host names"
+        ),
+    ),
+    [JSON],
+    "421",
+)
+
+
 class HubApp:
     """MCP endpoints straight to their `McpEndpoint`; the few other routes and the lifespan
-    to Starlette. `/mcp` always, and `/servers/NAME/mcp` for each named upstream."""
+    to Starlette. `/mcp` always, and `/servers/NAME/mcp` for each named upstream. An open
+    hub first checks every request's `Host` (`hosts`)."""
 
-    def __init__(self, hub: Hub, endpoints: dict[str, Endpoint], rest: Starlette) -> None:
+    def __init__(
+        self,
+        hub: Hub,
+        endpoints: dict[str, Endpoint],
+        rest: Starlette,
+        hosts: HostRule | None = None,
+    ) -> None:
         self.hub = hub
         self.endpoints = endpoints
         self.rest = rest
+        self.hosts = hosts
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        endpoint = self.endpoints.get(scope["path"]) if scope["type"] == "http" else None
-        if endpoint is not None:
-            await endpoint(scope, receive, send)  # every HTTP method: non-POST gets 405 there
-        else:
-            await self.rest(scope, receive, send)
+        if scope["type"] == "http":
+            if self.hosts is not None and not self.hosts.allows(_host(scope)):
+                self.hub.metrics.requests.inc(1, "-", "421")
+                await respond(scope, send, 421, MISDIRECTED.body, MISDIRECTED.headers)
+                return
+            endpoint = self.endpoints.get(scope["path"])
+            if endpoint is not None:
+                await endpoint(scope, receive, send)  # every method: non-POST gets 405 there
+                return
+        await self.rest(scope, receive, send)
 
     def answer_now(
         self, path: str, headers: Mapping[str, str], body: bytes
@@ -55,6 +85,9 @@ class HubApp:
         """For the hub's connections (hub/connection.py): a whole `POST` request, its
         headers by lower-case name, answered without an ASGI task when it needs no I/O
         (a listen stream then runs on the connection by itself); None otherwise."""
+        if self.hosts is not None and not self.hosts.allows(headers.get("host")):
+            self.hub.metrics.requests.inc(1, "-", "421")
+            return MISDIRECTED
         endpoint = self.endpoints.get(path)
         if endpoint is None or isinstance(endpoint, LegacyEndpoint):
             return None  # the legacy door always takes the ASGI path
@@ -71,7 +104,11 @@ def create_app(config: Config, nats_url: str, hub: Hub | None = None) -> HubApp:
     }
     pool = None  # only a front door needs the HTTP client (making one costs ~90 ms: its TLS)
     if config.upstreams:
-        pool = Pool(config.upstream_timeout)
+        pool = Pool(
+            config.upstream_timeout,
+            max_per_caller=config.max_forwards_per_caller,
+            buffer_bytes=config.max_upstream_buffer_bytes,
+        )
         for spec in config.upstreams:
             upstream = Upstream(spec, pool, hub.metrics)
             endpoints[spec.path] = McpEndpoint(hub, upstream)
@@ -103,7 +140,14 @@ def create_app(config: Config, nats_url: str, hub: Hub | None = None) -> HubApp:
         return await get_task(hub, request)
 
     async def metrics(request: HttpRequest) -> Response:
+        if not config.public_metrics:
+            refusal = operators_only(hub, request.headers)
+            if refusal is not None:
+                return refusal
         return Response(hub.metrics.render(), media_type="text/plain; version=0.0.4")
+
+    async def sign_in(request: HttpRequest) -> Response:
+        return await session(hub, request)
 
     rest = Starlette(
         routes=[
@@ -112,8 +156,18 @@ def create_app(config: Config, nats_url: str, hub: Hub | None = None) -> HubApp:
             Route("/metrics", metrics),
             Route("/tasks/{task_id}", task, methods=["GET"]),
             Route("/operator/stream", OperatorStream(hub)),
+            Route("/dashboard/session", sign_in, methods=["POST", "DELETE"]),
             *dashboard.routes(),
         ],
         lifespan=lifespan,
     )
-    return HubApp(hub, endpoints, rest)
+    hosts = None if config.auth_enabled else HostRule(config.host_names)
+    return HubApp(hub, endpoints, rest, hosts)
+
+
+def _host(scope: Scope) -> str | None:
+    """The request's `Host`; two of them (RFC 9112 §3.2: a 400) name none allowed."""
+    hosts = [value for name, value in scope["headers"] if name == b"host"]
+    if len(hosts) > 1:
+        return ""
+    return hosts[0].decode("latin-1") if hosts else None

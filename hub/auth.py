@@ -362,12 +362,9 @@ def credentials_from(
         return None
     if len(cookies) > 1:  # a sibling subdomain may plant a second one (cookie tossing)
         raise AuthError("invalid_request", "more than one token cookie")
-    origin = headers.get("origin")
-    if origin is not None:
-        if origin != own_origin and origin not in allowed_origins:
-            raise AuthError("invalid_request", "cookie sent from a foreign origin")
-    elif headers.get("sec-fetch-site") != "same-origin":
-        raise AuthError("invalid_request", "cookie needs Origin or Sec-Fetch-Site: same-origin")
+    problem = foreign_page(headers, own_origin, allowed_origins)
+    if problem is not None:
+        raise AuthError("invalid_request", f"cookie {problem}")
     if read_only and method == "GET":
         return cookies[0], "cookie"
     if method != "POST":
@@ -376,6 +373,21 @@ def credentials_from(
     if media_type != "application/json":
         raise AuthError("invalid_request", "cookie needs Content-Type: application/json")
     return cookies[0], "cookie"
+
+
+def foreign_page(
+    headers: Mapping[str, str], own_origin: str, allowed_origins: Set[str]
+) -> str | None:
+    """Why a browser's request may come from another site's page (None: from ours, or
+    an allowed origin's): its `Origin` is foreign, or without one the browser did not
+    say `Sec-Fetch-Site: same-origin`."""
+    origin = headers.get("origin")
+    if origin is not None:
+        if origin != own_origin and origin not in allowed_origins:
+            return "sent from a foreign origin"
+    elif headers.get("sec-fetch-site") != "same-origin":
+        return "needs Origin or Sec-Fetch-Site: same-origin"
+    return None
 
 
 def _cookie_values(header: str, name: str) -> list[str]:

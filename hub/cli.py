@@ -128,7 +128,7 @@ def build_server(config: Config, nats_url: str, factory: ServerFactory = HubServ
         access_log=False,
         lifespan="on",
         timeout_graceful_shutdown=int(config.shutdown_grace) + 1,
-        http=hub_protocol(config.header_timeout, app.answer_now),
+        http=hub_protocol(config.header_timeout, app.answer_now, config.head_limits),
         proxy_headers=False,  # nothing reads the client address; skip the middleware
         # Beyond the stream limit, plain requests still get room before uvicorn's 503.
         limit_concurrency=config.max_streams + 1024,

@@ -24,6 +24,9 @@ from hub.auth import AuthSettings, parse_operator_claim
 from hub.cors import normalize_origin
 from hub.embedded_nats import SYNC_ALWAYS, parse_sync
 from hub.fleet_events import load_resource_rule
+from hub.forwarding import Network, parse_trusted_proxies
+from hub.head_limits import HeadLimits
+from hub.hosts import host_name
 from hub.upstream import UpstreamSpec
 
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
@@ -59,13 +62,23 @@ class Config:
     jwt_leeway: float = 30.0
     # Who sees every task on the operator stream (docs/dashboard.md): CLAIM=VALUE.
     operator_claim: str = "scope=taskhub:operator"
+    # With authentication on, /metrics needs an operator's token unless this is set.
+    public_metrics: bool = False
     # The operator stream calls a server silent after this long without a write.
     silent_after: float = 60.0
     # Browsers: the hub's own origin (cookie CSRF rule) and the origins allowed to call it.
     public_url: str | None = None
     allowed_origins: tuple[str, ...] = ()
     cors_origins: tuple[str, ...] = ()
-    # Limits (invariants 4 and 5).
+    # An open hub answers only these `Host` names besides addresses, localhost, the
+    # public URL's host and the bound host (hub/hosts.py).
+    allowed_hosts: tuple[str, ...] = ()
+    # Limits (invariants 4 and 5). A request head (hub/head_limits.py): past a limit 414
+    # or 431, and the connection closes.
+    max_head_bytes: int = 32 * 1024
+    max_field_bytes: int = 8 * 1024
+    max_fields: int = 100
+    max_target_bytes: int = 8 * 1024
     max_body_bytes: int = 1 << 20
     max_task_ids: int = 1000
     max_streams: int = 10_000
@@ -98,6 +111,12 @@ class Config:
     # The front door (hub/upstream.py): MCP servers whose other methods the hub forwards.
     upstreams: tuple[UpstreamSpec, ...] = ()
     upstream_timeout: float = 30.0
+    # ... each caller (principal, or client address) with at most this many requests in
+    # flight, and answers read whole holding at most this many bytes at once (429, 503).
+    max_forwards_per_caller: int = 100
+    max_upstream_buffer_bytes: int = 256 << 20
+    # Peers whose X-Forwarded-*, Forwarded and X-Real-IP the hub keeps (hub/forwarding.py).
+    trusted_proxies: tuple[Network, ...] = ()
     # Who may follow which resource URIs on a listen stream (hub/fleet_events.py).
     resource_rule: str | None = None
 
@@ -120,6 +139,23 @@ class Config:
             leeway_s=self.jwt_leeway,
             operator_claim=parse_operator_claim(self.operator_claim),
         )
+
+    @property
+    def head_limits(self) -> HeadLimits:
+        return HeadLimits(
+            target=self.max_target_bytes,
+            field=self.max_field_bytes,
+            fields=self.max_fields,
+            head=self.max_head_bytes,
+        )
+
+    @property
+    def host_names(self) -> tuple[str, ...]:
+        """The names an open hub answers for besides IP addresses (hub/hosts.py)."""
+        names = ["localhost", self.host, *self.allowed_hosts]
+        if self.public_url is not None:
+            names.append(urlsplit(self.public_url).hostname or "")
+        return tuple(f"[{name}]" if ":" in name else name for name in names if name)
 
     @property
     def auth_enabled(self) -> bool:
@@ -224,6 +260,21 @@ def _non_negative_float(text: str) -> float:
 def _origins(text: str) -> tuple[str, ...]:
     try:
         return tuple(normalize_origin(item) for item in text.split(",") if item.strip())
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _host_names(text: str) -> tuple[str, ...]:
+    names = tuple(item.strip().lower() for item in text.split(",") if item.strip())
+    for name in names:
+        if host_name(name) != name:
+            raise argparse.ArgumentTypeError(f"{name!r} is not a host name (give no port)")
+    return names
+
+
+def _networks(text: str) -> tuple[Network, ...]:
+    try:
+        return parse_trusted_proxies(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
@@ -343,6 +394,20 @@ _OPTIONS: list[tuple[str, Callable[[str], Any], str]] = [
     ("public-url", str, "the hub's URL as browsers see it (cookie same-origin rule)"),
     ("allowed-origin", _origins, "comma-separated origins allowed to call the hub"),
     ("cors-origin", _origins, "comma-separated origins that get CORS access"),
+    (
+        "allowed-host",
+        _host_names,
+        "comma-separated Host names an open hub answers besides addresses, localhost and "
+        "the public URL's host (DNS rebinding: others get 421)",
+    ),
+    (
+        "max-head-bytes",
+        _positive_int,
+        "a request head larger than this gets 431 and the connection closes",
+    ),
+    ("max-field-bytes", _positive_int, "a larger header field (name and value) gets 431"),
+    ("max-fields", _positive_int, "more header fields in one request get 431"),
+    ("max-target-bytes", _positive_int, "a longer request target (path and query) gets 414"),
     ("max-body-bytes", _positive_int, "larger request bodies get 413"),
     ("max-task-ids", _positive_int, "taskIds per subscriptions/listen"),
     ("max-streams", _positive_int, "open listen and operator streams in total"),
@@ -371,6 +436,23 @@ _OPTIONS: list[tuple[str, Callable[[str], Any], str]] = [
         "seconds an upstream may take to connect and answer (an SSE answer: to start)",
     ),
     (
+        "max-forwards-per-caller",
+        _positive_int,
+        "requests one caller (principal, or client address without auth) may have in flight "
+        "through the front door; more get 429",
+    ),
+    (
+        "max-upstream-buffer-bytes",
+        _positive_int,
+        "bytes of upstream answers the hub holds at once, over all requests; past it 503",
+    ),
+    (
+        "trusted-proxy",
+        _networks,
+        "comma-separated addresses or networks of proxies in front of the hub, whose "
+        "X-Forwarded-*, Forwarded and X-Real-IP are kept (from anyone else they are replaced)",
+    ),
+    (
         "send-timeout",
         _positive_float,
         "seconds a listen stream may stay blocked on a write before it is dropped",
@@ -396,7 +478,12 @@ _OPTIONS: list[tuple[str, Callable[[str], Any], str]] = [
     ("nats-tls-cert", Path, "client certificate for NATS"),
     ("nats-tls-key", Path, "client key for NATS"),
 ]
-_FIELD = {"allowed-origin": "allowed_origins", "cors-origin": "cors_origins"}
+_FIELD = {
+    "allowed-origin": "allowed_origins",
+    "cors-origin": "cors_origins",
+    "allowed-host": "allowed_hosts",
+    "trusted-proxy": "trusted_proxies",
+}
 
 
 def _field(flag: str) -> str:
@@ -431,6 +518,14 @@ def add_serve_options(parser: argparse.ArgumentParser, env: Mapping[str, str]) -
         f"/servers/NAME/mcp; repeatable, or comma-separated [env {env_name}]",
     )
     parser.set_defaults(upstream_env=env.get(env_name, ""))
+    env_name = "TASKHUB_PUBLIC_METRICS"
+    parser.add_argument(
+        "--public-metrics",
+        action="store_true",
+        default=_flag(env.get(env_name, "")),
+        help="serve /metrics without a token when authentication is on (for a scraper on "
+        f"a private network; otherwise it needs a token with the operator claim) [env {env_name}]",
+    )
     env_name = "TASKHUB_INSECURE_NO_AUTH"
     parser.add_argument(
         "--insecure-no-auth",

@@ -1,5 +1,9 @@
 """The hub's HTTP connections: uvicorn's httptools protocol plus what the hub needs.
 
+Limits. A request head larger than `--max-head-bytes` (or with a target, a field or
+more fields than their limits allow) is refused with 414 or 431 before anything reads
+it, whichever path reads it (hub/head_limits.py).
+
 Deadlines. uvicorn's only timer is the keep-alive one, armed after a response and
 cancelled by the first byte that arrives, so a client that trickles its headers one
 byte at a time would keep the connection forever. Here a connection owes a complete
@@ -41,6 +45,7 @@ from starlette.types import Scope
 
 from hub import fast_lane
 from hub import uvicorn_internals as uv
+from hub.head_limits import HeadLimits
 from hub.uvicorn_internals import Cycle, RawHeaders
 
 CONNECTION = "taskhub.connection"
@@ -171,13 +176,19 @@ def connection_of(scope: Scope) -> Connection | None:
     return connection if isinstance(connection, Connection) else None
 
 
-def hub_protocol(header_timeout: float, answer_now: AnswerNow | None = None) -> type[uv.Protocol]:
-    """An httptools protocol with header deadlines, direct writes and, given the app's
-    `answer_now`, answers in place."""
+def hub_protocol(
+    header_timeout: float,
+    answer_now: AnswerNow | None = None,
+    limits: HeadLimits | None = None,
+) -> type[uv.Protocol]:
+    """An httptools protocol with header deadlines and size limits (the defaults unless
+    given), direct writes and, given the app's `answer_now`, answers in place."""
     period = min(1.0, header_timeout / 4)
-    heads = fast_lane.Heads()  # one per server: what its clients' heads parse to
+    limits = limits or HeadLimits()
+    heads = fast_lane.Heads(limits)  # one per server: what its clients' heads parse to
 
     class HubProtocol(uv.Protocol):
+        head_limits = limits  # type: ignore[assignment]
         # One sweep over this server's connections instead of two timers per request.
         _sweeper: asyncio.Task[None] | None = None
 

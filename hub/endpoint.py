@@ -21,11 +21,12 @@ from typing import NamedTuple
 
 from starlette.types import Message, Receive, Scope, Send
 
-from hub import handlers, jsonrpc
+from hub import forwarding, handlers, jsonrpc
 from hub.auth import AuthError, Identity, credentials_from
 from hub.connection import WholeResponse, connection_of
 from hub.cors import is_preflight, preflight_headers
 from hub.cors import response_headers as cors_response_headers
+from hub.forwarding import TrustedProxies
 from hub.headers import header_map
 from hub.metrics import Metrics
 from hub.protocol import (
@@ -66,16 +67,27 @@ class BodyError(Exception):
         self.status = status
 
 
+class Outgoing(NamedTuple):
+    """What goes upstream with a request: the head the hub makes of the client's, and
+    the caller whose requests in flight it counts against (forwarding.py)."""
+
+    headers: RawHeaders
+    caller: str
+
+
 class Forwarding(NamedTuple):
     """A request on its way to the upstream, which answers on `send` itself."""
 
     upstream: Upstream
     body: bytes
     request_id: jsonrpc.RequestId | None
+    outgoing: Outgoing
     metrics: Metrics
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        outcome = await self.upstream.forward(scope, receive, send, self.body, self.request_id)
+        outcome = await self.upstream.forward(
+            receive, send, self.body, self.request_id, *self.outgoing
+        )
         self.metrics.upstream_requests.inc(1, self.upstream.spec.label, outcome)
 
 
@@ -90,6 +102,7 @@ class McpEndpoint:
         self.upstream = upstream
         self.config = hub.config
         self.cors_origins = frozenset(hub.config.cors_origins)
+        self.trusted = TrustedProxies(hub.config.trusted_proxies)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         cors, responder = await self._answer(scope, receive, send)
@@ -126,6 +139,7 @@ class McpEndpoint:
         identity: Identity,
     ) -> Reply | Responder:
         config = self.config
+        head = list(scope["headers"])  # as checked: a chunked body's trailers never join it
         try:
             body = await read_body(scope, receive, config.max_body_bytes, config.body_timeout)
         except BodyError as exc:
@@ -135,25 +149,40 @@ class McpEndpoint:
             return request
         if isinstance(request, Forward):
             assert self.upstream is not None
-            return Forwarding(self.upstream, body, request.id, self.hub.metrics)
+            outgoing = self._outgoing(scope, head, identity)
+            return Forwarding(self.upstream, body, request.id, outgoing, self.hub.metrics)
         try:
             if request.method == "server/discover" and self.upstream is not None:
-                return await self._discover_upstream(scope, body, request, cors)
+                outgoing = self._outgoing(scope, head, identity)
+                return await self._discover_upstream(outgoing, body, request, cors)
             answer = await self._dispatch(request, identity)
         except jsonrpc.RpcError as err:
             return _error(request.id, err, cors, request.method)
         return answer if isinstance(answer, ListenStream) else _ok(request.method, answer, cors)
 
+    def _outgoing(self, scope: Scope, head: RawHeaders, identity: Identity) -> Outgoing:
+        """The head to send upstream and the caller to count the request against: the
+        principal with authentication, else the client's address."""
+        client = scope.get("client")
+        peer = client[0] if client else None
+        headers = forwarding.request_headers(head, peer, scope["scheme"], self.trusted)
+        if self.hub.authenticator is not None:
+            return Outgoing(headers, identity.principal)
+        return Outgoing(headers, forwarding.caller_address(head, peer, self.trusted))
+
     async def _discover_upstream(
-        self, scope: Scope, body: bytes, request: Request, cors: RawHeaders
+        self, outgoing: Outgoing, body: bytes, request: Request, cors: RawHeaders
     ) -> Reply:
         """The upstream's own discover result, with the hub's capabilities merged in."""
         assert self.upstream is not None
         try:
-            status, headers, payload = await self.upstream.call(scope, body)
+            status, headers, payload = await self.upstream.call(body, *outgoing)
         except UpstreamError as exc:
             self.hub.metrics.upstream_requests.inc(1, self.upstream.spec.label, exc.fault)
             raise exc.rpc_error(self.upstream.spec.label) from None
+        except jsonrpc.RpcError:  # the caller's requests in flight are at their limit
+            self.hub.metrics.upstream_requests.inc(1, self.upstream.spec.label, "limited")
+            raise
         self.hub.metrics.upstream_requests.inc(1, self.upstream.spec.label, "ok")
         answer = handlers.merge_discover(payload)
         kept = [(k, v) for k, v in headers if k != b"content-type"]

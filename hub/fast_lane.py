@@ -12,7 +12,8 @@ as llhttp, only never more: what it accepts, llhttp reads the same way
 Declined: another method or HTTP version, a target with a query or percent-escapes,
 any byte outside a header name's token or a value's visible characters, a folded line,
 `Transfer-Encoding`, `Expect`, `Upgrade`, a `Connection` other than keep-alive, no or a
-repeated `Content-Length`, and a read holding less or more than exactly one request.
+repeated `Content-Length`, a read holding less or more than exactly one request, and a
+head over one of the server's limits (hub/head_limits.py), which uvicorn's path refuses.
 
 `Heads` remembers what recent heads parsed to, by their bytes. A client polling a task
 sends the same head each time (only the body's request id changes), so reading it again
@@ -24,6 +25,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import NamedTuple
+
+from hub.head_limits import HeadLimits
 
 # What a target and a header name may hold. The whole head must be `str.isprintable`
 # between its line ends (visible ASCII, spaces, latin-1 letters): stricter than llhttp,
@@ -49,14 +52,17 @@ class Head(NamedTuple):
 WholeRequest = tuple[Head, bytes]
 
 
-def parse(data: bytes) -> WholeRequest | None:
+DEFAULT_LIMITS = HeadLimits()
+
+
+def parse(data: bytes, limits: HeadLimits = DEFAULT_LIMITS) -> WholeRequest | None:
     """The one request `data` holds exactly, or None when uvicorn should read it."""
     if not data.startswith(b"POST /"):
         return None
     head_end = data.find(b"\r\n\r\n", 0, MAX_HEAD) + 4
     if head_end < 4:
         return None
-    head = _read_head(data[:head_end])
+    head = _read_head(data[:head_end], limits)
     if head is None or len(data) != head_end + head.length:
         return None
     return head, data[head_end:]
@@ -70,7 +76,8 @@ class Heads:
     it becomes the older and the oldest are forgotten.
     """
 
-    def __init__(self, memo_bytes: int = MEMO_BYTES) -> None:
+    def __init__(self, limits: HeadLimits = DEFAULT_LIMITS, memo_bytes: int = MEMO_BYTES) -> None:
+        self.limits = limits
         self.memo_bytes = memo_bytes
         self._new: dict[bytes, Head | None] = {}
         self._old: dict[bytes, Head | None] = {}
@@ -99,7 +106,7 @@ class Heads:
     def _remember(self, key: bytes) -> Head | None:
         head = self._old.pop(key, _UNKNOWN)
         if head is _UNKNOWN:
-            head = _read_head(key)
+            head = _read_head(key, self.limits)
             if len(key) > MEMO_HEAD:
                 return head
         if self._new_bytes + len(key) > self.memo_bytes:
@@ -112,8 +119,11 @@ class Heads:
 _UNKNOWN = Head("", {}, -1)  # a marker, never a parse
 
 
-def _read_head(data: bytes) -> Head | None:
-    """The path, headers and body length of a head that ends in its blank line."""
+def _read_head(data: bytes, limits: HeadLimits) -> Head | None:
+    """The path, headers and body length of a head that ends in its blank line, within
+    `limits`."""
+    if len(data) > limits.head:
+        return None
     head = data.decode("latin-1")
     if not head[:-4].replace("\r\n", "").isprintable():
         return None  # a control character somewhere, or a bare CR or LF
@@ -123,11 +133,15 @@ def _read_head(data: bytes) -> Head | None:
     if not request_line.endswith(" HTTP/1.1") or target.strip(_PATH_CHARS):
         return None
     del lines[0], lines[-2:]  # the request line, and the blank line after the head
+    if len(target) > limits.target or len(lines) > limits.fields:
+        return None
     headers = {}
     for line in lines:
         name, colon, value = line.partition(":")
         value = value.lstrip(" ")  # as llhttp: trailing whitespace stays
         if not (colon and name) or name.strip(_TOKEN_CHARS):
+            return None
+        if len(name) + 1 + len(value) > limits.field:  # measured as the parser's path does
             return None
         headers[name.lower()] = value
     if len(headers) != len(lines) or not _DECLINED.isdisjoint(headers):

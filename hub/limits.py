@@ -1,4 +1,5 @@
-"""Admission limits: poll rate per caller and task, open streams per caller and in total.
+"""Admission limits: poll rate per caller and task, open streams per caller and in total,
+forwarded requests per caller, and the bytes of upstream answers held at once.
 
 Pure bookkeeping with time passed in, so every rule is unit-tested without waiting.
 Memory stays bounded: the poll buckets are an LRU of fixed size, and a bucket that has
@@ -83,6 +84,47 @@ class StreamLimiter:
 
     def open_for(self, principal: str) -> int:
         return self._by_principal.get(principal, 0)
+
+
+class InFlight:
+    """Counts forwarded requests in flight per caller (principal, or client address)."""
+
+    def __init__(self, max_per_caller: int) -> None:
+        self.max_per_caller = max_per_caller
+        self._by_caller: defaultdict[str, int] = defaultdict(int)
+
+    def acquire(self, caller: str) -> bool:
+        """Take a slot; False when the caller already holds every one it may."""
+        if self._by_caller[caller] >= self.max_per_caller:
+            return False
+        self._by_caller[caller] += 1
+        return True
+
+    def release(self, caller: str) -> None:
+        self._by_caller[caller] -= 1
+        if self._by_caller[caller] <= 0:
+            del self._by_caller[caller]
+
+    def held_by(self, caller: str) -> int:
+        return self._by_caller.get(caller, 0)
+
+
+class ByteBudget:
+    """Bytes held in memory for upstream answers, over all requests, at most `limit`."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.held = 0
+
+    def take(self, size: int) -> bool:
+        """Hold `size` more bytes; False (nothing held) when that would pass the limit."""
+        if self.held + size > self.limit:
+            return False
+        self.held += size
+        return True
+
+    def give(self, size: int) -> None:
+        self.held -= size
 
 
 def retry_after(seconds: float) -> str:

@@ -52,6 +52,17 @@ def identify_reader(
         return json_error(exc.status, jsonrpc.UNAUTHORIZED, message, challenge)
 
 
+def operators_only(hub: Hub, headers: Mapping[str, str]) -> Response | None:
+    """None when an operator asks (or the hub runs open), else the refusal: what the
+    whole fleet does (`/metrics`) is an operator's to see."""
+    identity = identify_reader(hub, headers)
+    if isinstance(identity, Response):
+        return identity
+    if hub.authenticator is not None and not identity.operator:
+        return json_error(403, jsonrpc.UNAUTHORIZED, "Needs a token with the operator claim")
+    return None
+
+
 async def get_task(hub: Hub, request: Request) -> Response:
     identity = identify_reader(hub, request.headers)
     if isinstance(identity, Response):

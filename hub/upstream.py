@@ -9,9 +9,15 @@ closes the upstream request, which is how the upstream learns to cancel it.
 
 What the client gets when the upstream fails (docs/front-door.md#upstream-errors): a JSON-RPC
 error `-32603` naming the upstream and the fault, with HTTP 502 (refused, reset, an answer
-that is no MCP response) or 504 (no answer within `--upstream-timeout`); never a hang. An SSE
-reply cut off mid-stream ends with that error as its last event. Upstream health is passive:
-each outcome moves `taskhub_upstream_up` and a change is logged once.
+that is no MCP response or runs past its own end), 503 (the hub holds as many answer bytes
+as it may) or 504 (no answer within `--upstream-timeout`); never a hang. An SSE reply cut
+off mid-stream ends with that error as its last event. Upstream health is passive: each
+outcome moves `taskhub_upstream_up` and a change is logged once.
+
+What one caller may take (docs/front-door.md#limits): at most `--max-forwards-per-caller`
+requests in flight (429 past it), and all answers read whole, over every caller, at most
+`--max-upstream-buffer-bytes` at once. A connection goes back to the pool only after an
+answer read exactly to its end: one cut short, or followed by more bytes, is closed.
 """
 
 from __future__ import annotations
@@ -19,6 +25,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,10 +34,12 @@ from typing import Any
 # flat with concurrency, where httpcore 1.0.9's grows with every queued request.
 import httpx2 as httpx
 import msgspec
-from starlette.types import Receive, Scope, Send
+from starlette.types import Receive, Send
 
 from bridge.events import DEFAULT_SERVICE
-from hub import jsonrpc
+from hub import forwarding, jsonrpc
+from hub.httpx2_internals import guard, guard_of
+from hub.limits import ByteBudget, InFlight
 from hub.metrics import Metrics
 
 log = logging.getLogger("taskhub.upstream")
@@ -42,23 +52,7 @@ POOL_KEEPALIVE = 64  # idle connections kept for reuse
 # after 5 s, gunicorn after 2 s; httpx's default is also 5 s). Reusing one that the upstream
 # is closing at that moment fails the request with a reset (a 502 to the client).
 POOL_KEEPALIVE_EXPIRY = 1.0  # seconds
-# RFC 9110 §7.6.1 hop-by-hop headers, plus what the HTTP client sets itself.
-_NOT_FORWARDED = frozenset(
-    {
-        b"connection",
-        b"keep-alive",
-        b"proxy-connection",
-        b"proxy-authenticate",
-        b"proxy-authorization",
-        b"te",
-        b"trailer",
-        b"transfer-encoding",
-        b"upgrade",
-        b"host",
-        b"content-length",
-    }
-)
-_NOT_RETURNED = _NOT_FORWARDED | {b"content-encoding"}  # httpx decodes what it receives
+SEND_SLICE = 256 << 10  # a whole answer goes to the client in writes of this size
 
 
 @dataclass(frozen=True)
@@ -89,7 +83,7 @@ class UpstreamError(Exception):
     def __init__(self, status: int, fault: str, message: str) -> None:
         super().__init__(message)
         self.status = status
-        self.fault = fault  # refused | timeout | reset | invalid | status
+        self.fault = fault  # refused | timeout | reset | invalid | status | overloaded
 
     def rpc_error(self, upstream: str) -> jsonrpc.RpcError:
         return jsonrpc.RpcError(
@@ -97,14 +91,25 @@ class UpstreamError(Exception):
             f"Upstream {upstream!r}: {self}",
             data={"upstream": upstream, "fault": self.fault},
             http_status=self.status,
+            # The hub's own memory is full, not the upstream broken: try again shortly.
+            headers={"Retry-After": "1"} if self.fault == "overloaded" else None,
         )
 
 
 class Pool:
-    """The one HTTP client every upstream shares; opened and closed with the app."""
+    """The one HTTP client every upstream shares, and what each caller may take of it;
+    opened and closed with the app."""
 
-    def __init__(self, timeout: float) -> None:
+    def __init__(
+        self,
+        timeout: float,
+        *,
+        max_per_caller: int = 100,
+        buffer_bytes: int = 256 << 20,
+    ) -> None:
         self.timeout = timeout
+        self.in_flight = InFlight(max_per_caller)
+        self.buffer = ByteBudget(buffer_bytes)
         self.client = httpx.AsyncClient(
             # Connect and pool waits are bounded here; the answer's head (and a JSON body)
             # by `Upstream`, since an SSE reply may rightly stay quiet for minutes.
@@ -117,6 +122,30 @@ class Pool:
             follow_redirects=False,
             trust_env=False,  # no proxy from the environment between hub and upstream
         )
+
+    def admit(self, caller: str) -> jsonrpc.RpcError | None:
+        """Take one of `caller`'s slots for a request in flight (`release` gives it back),
+        or the 429 it gets when it holds all of them."""
+        if self.in_flight.acquire(caller):
+            return None
+        limit = self.in_flight.max_per_caller
+        return jsonrpc.rate_limited(
+            f"limit of {limit} forwarded requests in flight per caller reached", "1"
+        )
+
+    def release(self, caller: str) -> None:
+        self.in_flight.release(caller)
+
+    @contextlib.contextmanager
+    def slot(self, caller: str) -> Iterator[None]:
+        """`admit` and `release` around a block; the 429 is raised."""
+        refusal = self.admit(caller)
+        if refusal is not None:
+            raise refusal
+        try:
+            yield
+        finally:
+            self.release(caller)
 
     async def close(self) -> None:
         await self.client.aclose()
@@ -132,77 +161,72 @@ class Upstream:
 
     async def forward(
         self,
-        scope: Scope,
         receive: Receive,
         send: Send,
         body: bytes,
         request_id: jsonrpc.RequestId | None,
+        headers: RawHeaders,
+        caller: str,
     ) -> str:
         """Send the request upstream and its answer to the client; returns the outcome label.
 
+        `headers` go upstream as they are (`forwarding.request_headers` made them);
         `request_id` (read by the hub while routing) is what a failed forward answers."""
+        refusal = self.pool.admit(caller)
+        if refusal is not None:
+            error = jsonrpc.encode_error(request_id, refusal)
+            await _send_whole(send, refusal.http_status, error, refusal)
+            return "limited"
         try:
-            response = await self._open(scope, body, receive)
-        except UpstreamError as exc:
-            await self._fail(send, request_id, exc)
-            return exc.fault
-        if response is None:
-            return "client_gone"
-        try:
-            if _is_event_stream(response):
-                return await self._stream(response, receive, send, request_id)
-            return await self._whole(response, send, request_id)
+            try:
+                response = await self._open(self._request(body, headers), receive)
+            except UpstreamError as exc:
+                await self._fail(send, request_id, exc)
+                return exc.fault
+            if response is None:
+                return "client_gone"
+            try:
+                if _is_event_stream(response):
+                    return await self._stream(response, receive, send, request_id)
+                return await self._whole(response, send, request_id)
+            finally:
+                await response.aclose()
         finally:
-            await response.aclose()
+            self.pool.release(caller)
 
-    async def call(self, scope: Scope, body: bytes) -> tuple[int, RawHeaders, Any]:
+    async def call(
+        self, body: bytes, headers: RawHeaders, caller: str
+    ) -> tuple[int, RawHeaders, Any]:
         """One request whose JSON answer the hub needs itself (`server/discover`)."""
-        response = await self._open(scope, body, None)
-        assert response is not None
-        try:
-            payload = await self._read_json(response)
-        finally:
-            await response.aclose()
-        return response.status_code, _returned_headers(response), payload
+        with self.pool.slot(caller):
+            response = await self._send(self._request(body, headers))
+            try:
+                payload = await self._read_json(response)
+            finally:
+                await response.aclose()
+        return response.status_code, forwarding.response_headers(response.headers.raw), payload
 
-    async def exchange(
-        self, body: bytes, headers: list[tuple[bytes, bytes]], request_id: Any
-    ) -> Any:
+    async def exchange(self, body: bytes, headers: RawHeaders, request_id: Any, caller: str) -> Any:
         """One request the hub makes itself (the legacy door's translations): the final
         JSON-RPC answer to `request_id`, from a JSON reply or from an SSE stream's
-        messages (notifications and requests on that stream are not relayed)."""
-        request = self.pool.client.build_request(
-            "POST", self.spec.url, content=body, headers=headers
-        )
-        response = await self._send(request)
-        try:
-            if not _is_event_stream(response):
-                return await self._read_json(response)
-            async with asyncio.timeout(self.pool.timeout):
-                async for message in _sse_messages(response):
-                    if message.get("id") == request_id and (
-                        "result" in message or "error" in message
-                    ):
-                        return message
-        except TimeoutError:
-            raise self._failed(504, "timeout", "no answer on the stream in time") from None
-        except httpx.TransportError as exc:
-            raise self._failed(502, "reset", f"stream cut off ({_reason(exc)})") from None
-        finally:
-            await response.aclose()
-        raise self._failed(502, "invalid", "the stream ended without the answer")
+        messages (notifications and requests on that stream are not relayed). An event
+        is held to the same limits as a JSON answer."""
+        with self.pool.slot(caller):
+            response = await self._send(self._request(body, headers))
+            try:
+                if not _is_event_stream(response):
+                    return await self._read_json(response)
+                return await self._answer_on_stream(response, request_id)
+            finally:
+                await response.aclose()
 
     # -- the request ---------------------------------------------------------------------
 
-    async def _open(
-        self, scope: Scope, body: bytes, receive: Receive | None
-    ) -> httpx.Response | None:
+    def _request(self, body: bytes, headers: RawHeaders) -> httpx.Request:
+        return self.pool.client.build_request("POST", self.spec.url, content=body, headers=headers)
+
+    async def _open(self, request: httpx.Request, receive: Receive) -> httpx.Response | None:
         """The upstream's answer head, or None if the client left first."""
-        request = self.pool.client.build_request(
-            "POST", self.spec.url, content=body, headers=_forwarded_headers(scope)
-        )
-        if receive is None:
-            return await self._send(request)
         sending = asyncio.ensure_future(self._send(request))
         gone = asyncio.ensure_future(_disconnected(receive))
         try:
@@ -211,12 +235,17 @@ class Upstream:
             gone.cancel()
             if not sending.done():  # the client left: drop the upstream request with it
                 sending.cancel()
-        if sending.cancelled():
+        if gone.done() and not gone.cancelled():
+            # The client left; the answer, if it came all the same, goes nowhere.
+            await asyncio.wait((sending,))
+            if not sending.cancelled() and sending.exception() is None:
+                await sending.result().aclose()
             return None
-        return sending.result()
+        return sending.result()  # the answer head, or the UpstreamError
 
     async def _send(self, request: httpx.Request) -> httpx.Response:
         timeout = self.pool.timeout
+        reuse_guard = guard(request)  # its connection is pooled only if the answer ends clean
         try:
             async with asyncio.timeout(timeout):
                 response = await self.pool.client.send(request, stream=True)
@@ -230,6 +259,7 @@ class Upstream:
             raise self._failed(502, "refused", f"cannot connect ({_reason(exc)})") from None
         except httpx.TransportError as exc:
             raise self._failed(502, "reset", f"connection lost ({_reason(exc)})") from None
+        reuse_guard.response = response
         self._healthy()
         return response
 
@@ -240,17 +270,29 @@ class Upstream:
     ) -> str:
         try:
             content = await self._read_body(response)
-            if not _acceptable(response, content):
-                raise self._invalid(response, content)
         except UpstreamError as exc:
             await self._fail(send, request_id, exc)
             return exc.fault
-        headers = _returned_headers(response)
-        headers.append((b"content-length", b"%d" % len(content)))
-        await send(
-            {"type": "http.response.start", "status": response.status_code, "headers": headers}
-        )
-        await send({"type": "http.response.body", "body": content})
+        try:
+            if not _acceptable(response, content):
+                invalid = self._invalid(response, content)
+                await self._fail(send, request_id, invalid)
+                return invalid.fault
+            headers = forwarding.response_headers(response.headers.raw)
+            headers.append((b"content-length", b"%d" % len(content)))
+            await send(
+                {"type": "http.response.start", "status": response.status_code, "headers": headers}
+            )
+            # In slices: each waits for the client to take the last, so the answer's bytes
+            # are held (and counted) until they are on their way, not in a socket buffer.
+            for start in range(0, len(content), SEND_SLICE):
+                piece = content[start : start + SEND_SLICE]
+                more = start + SEND_SLICE < len(content)
+                await send({"type": "http.response.body", "body": piece, "more_body": more})
+            if not content:
+                await send({"type": "http.response.body", "body": b""})
+        finally:
+            self.pool.buffer.give(len(content))
         return "ok"
 
     async def _stream(
@@ -261,7 +303,7 @@ class Upstream:
         request_id: jsonrpc.RequestId | None,
     ) -> str:
         """Relay an SSE reply chunk by chunk until it ends or either side leaves."""
-        headers = _returned_headers(response)
+        headers = forwarding.response_headers(response.headers.raw)
         await send(
             {"type": "http.response.start", "status": response.status_code, "headers": headers}
         )
@@ -273,13 +315,12 @@ class Upstream:
             gone.cancel()
         if not relay.done():  # the client left: closing the response ends the upstream call
             relay.cancel()
-            with contextlib.suppress(BaseException):
-                await relay
+            await asyncio.wait((relay,))
             return "client_gone"
         fault = relay.result()
         if fault is not None:  # cut off mid-stream: the request's answer is this error
             error = jsonrpc.encode_error(request_id, fault.rpc_error(self.spec.label))
-            with contextlib.suppress(OSError):
+            with contextlib.suppress(OSError):  # another ASGI server's "client gone"
                 await send(
                     {
                         "type": "http.response.body",
@@ -296,9 +337,13 @@ class Upstream:
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
         except httpx.TransportError as exc:
             return self._failed(502, "reset", f"stream cut off ({_reason(exc)})")
-        return None
+        except httpx.DecodingError as exc:
+            return self._failed(502, "invalid", f"undecodable answer ({_reason(exc)})")
+        return self._overrun(response)
 
     async def _read_body(self, response: httpx.Response) -> bytes:
+        """The whole answer, its bytes held in the pool's budget (the caller gives them
+        back); an UpstreamError when it is too large, too slow, broken or overruns."""
         timeout = self.pool.timeout
         chunks: list[bytes] = []
         size = 0
@@ -310,18 +355,75 @@ class Upstream:
                         raise self._failed(
                             502, "invalid", f"answer larger than {MAX_JSON_REPLY} bytes"
                         )
+                    if not self.pool.buffer.take(len(chunk)):
+                        size -= len(chunk)
+                        raise self._overloaded()
                     chunks.append(chunk)
+            overrun = self._overrun(response)
+            if overrun is not None:
+                raise overrun
         except TimeoutError:
+            self.pool.buffer.give(size)
             raise self._failed(504, "timeout", f"answer not complete within {timeout:g}s") from None
         except httpx.TransportError as exc:
+            self.pool.buffer.give(size)
             raise self._failed(502, "reset", f"connection lost ({_reason(exc)})") from None
+        except httpx.DecodingError as exc:
+            self.pool.buffer.give(size)
+            raise self._failed(502, "invalid", f"undecodable answer ({_reason(exc)})") from None
+        except UpstreamError:
+            self.pool.buffer.give(size)
+            raise
         return b"".join(chunks)
 
     async def _read_json(self, response: httpx.Response) -> Any:
         content = await self._read_body(response)
-        if not _acceptable(response, content) or not content:
-            raise self._invalid(response, content)
-        return msgspec.json.decode(content)
+        try:
+            if not _acceptable(response, content) or not content:
+                raise self._invalid(response, content)
+            return msgspec.json.decode(content)
+        finally:
+            self.pool.buffer.give(len(content))
+
+    async def _answer_on_stream(self, response: httpx.Response, request_id: Any) -> Any:
+        """The answer to `request_id` among an SSE reply's messages."""
+        events = EventReader(MAX_JSON_REPLY)
+        held = 0
+        try:
+            async with asyncio.timeout(self.pool.timeout):
+                async for chunk in response.aiter_bytes():
+                    for data in events.feed(chunk):
+                        message = _json_message(data)
+                        if message is not None and _answers(message, request_id):
+                            return message
+                    grown = events.held - held
+                    if grown > 0 and not self.pool.buffer.take(grown):
+                        raise self._overloaded()
+                    self.pool.buffer.give(max(0, -grown))
+                    held = events.held
+        except EventTooLarge:
+            raise self._failed(
+                502, "invalid", f"an event larger than {MAX_JSON_REPLY} bytes"
+            ) from None
+        except TimeoutError:
+            raise self._failed(504, "timeout", "no answer on the stream in time") from None
+        except httpx.TransportError as exc:
+            raise self._failed(502, "reset", f"stream cut off ({_reason(exc)})") from None
+        except httpx.DecodingError as exc:
+            raise self._failed(502, "invalid", f"undecodable answer ({_reason(exc)})") from None
+        finally:
+            self.pool.buffer.give(held)
+        raise self._overrun(response) or self._failed(
+            502, "invalid", "the stream ended without the answer"
+        )
+
+    def _overrun(self, response: httpx.Response) -> UpstreamError | None:
+        """The fault of an answer, read to its end, that more bytes followed (they would
+        have answered the connection's next request: its connection was closed)."""
+        reuse_guard = guard_of(response)
+        if reuse_guard is None or not reuse_guard.overran:
+            return None
+        return self._failed(502, "invalid", "answered past the end of its answer")
 
     # -- failures ------------------------------------------------------------------------
 
@@ -334,6 +436,13 @@ class Upstream:
             "invalid",
             f"answered HTTP {response.status_code} with {kind} that is no JSON-RPC message",
         )
+
+    def _overloaded(self) -> UpstreamError:
+        """The hub holds as many answer bytes as it may: not the upstream's fault, so its
+        health is not judged by it."""
+        self.metrics.upstream_faults.inc(1, self.spec.label, "overloaded")
+        limit = self.pool.buffer.limit
+        return UpstreamError(503, "overloaded", f"the hub holds {limit} bytes of answers already")
 
     def _failed(self, status: int, fault: str, message: str) -> UpstreamError:
         self.metrics.upstream_faults.inc(1, self.spec.label, fault)
@@ -352,34 +461,15 @@ class Upstream:
     async def _fail(
         self, send: Send, request_id: jsonrpc.RequestId | None, exc: UpstreamError
     ) -> None:
-        error = jsonrpc.encode_error(request_id, exc.rpc_error(self.spec.label))
-        headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(error))]
-        await send({"type": "http.response.start", "status": exc.status, "headers": headers})
-        await send({"type": "http.response.body", "body": error})
+        err = exc.rpc_error(self.spec.label)
+        await _send_whole(send, exc.status, jsonrpc.encode_error(request_id, err), err)
 
 
-def _forwarded_headers(scope: Scope) -> list[tuple[bytes, bytes]]:
-    # Surrounding spaces and tabs are not part of a field value (RFC 9110 §5.5); httptools
-    # keeps trailing ones, which the upstream's HTTP client (h11) refuses to send at all.
-    headers = [(k, v.strip(b" \t")) for k, v in scope["headers"] if k not in _NOT_FORWARDED]
-    client = scope.get("client")
-    if client:
-        headers.append((b"x-forwarded-for", client[0].encode()))
-    for name, value in scope["headers"]:
-        if name == b"host":
-            headers.append((b"x-forwarded-host", value))
-            break
-    headers.append((b"x-forwarded-proto", scope.get("scheme", "http").encode()))
-    return headers
-
-
-def _returned_headers(response: httpx.Response) -> RawHeaders:
-    """The answer's end-to-end headers, less CORS: the hub answers for its own origins."""
-    return [
-        (name, value)
-        for name, value in ((k.lower(), v) for k, v in response.headers.raw)
-        if name not in _NOT_RETURNED and not name.startswith(b"access-control-")
-    ]
+async def _send_whole(send: Send, status: int, body: bytes, err: jsonrpc.RpcError) -> None:
+    headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
+    headers += [(k.lower().encode(), v.encode("latin-1")) for k, v in err.headers.items()]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
 
 
 def _is_event_stream(response: httpx.Response) -> bool:
@@ -402,18 +492,70 @@ def _acceptable(response: httpx.Response, content: bytes) -> bool:
     return isinstance(message, dict) and message.get("jsonrpc") == "2.0"
 
 
-async def _sse_messages(response: httpx.Response) -> Any:
-    """The JSON `data` of each SSE event of `response` (multi-line data joined)."""
-    data: list[str] = []
-    async for line in response.aiter_lines():
-        if line.startswith("data:"):
-            data.append(line[5:].removeprefix(" "))
-        elif not line and data:
-            with contextlib.suppress(msgspec.DecodeError):
-                message = msgspec.json.decode("\n".join(data))
-                if isinstance(message, dict):
-                    yield message
-            data = []
+class EventTooLarge(Exception):
+    """An SSE line or event of the upstream's over the limit."""
+
+
+_LINE_END = re.compile(rb"\r\n|\r|\n")
+
+
+class EventReader:
+    """The `data` of each SSE event in a byte stream (multi-line data joined), holding
+    at most `limit` bytes of the line and event being read. Each byte is looked at once."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._line: list[bytes] = []  # the pieces of the line being read
+        self._line_size = 0
+        self._data: list[bytes] = []  # the data lines of the event being read
+        self._data_size = 0
+        self._after_cr = False  # the last chunk ended in CR: a LF first is its pair
+
+    @property
+    def held(self) -> int:
+        return self._line_size + self._data_size
+
+    def feed(self, chunk: bytes) -> list[bytes]:
+        """The events `chunk` completes; raises EventTooLarge past the limit."""
+        events: list[bytes] = []
+        if not chunk:
+            return events
+        start = 1 if self._after_cr and chunk.startswith(b"\n") else 0
+        self._after_cr = False
+        while (end := _LINE_END.search(chunk, start)) is not None:
+            piece = chunk[start : end.start()]
+            line = b"".join((*self._line, piece)) if self._line else piece
+            self._line, self._line_size = [], 0
+            start = end.end()
+            self._after_cr = start == len(chunk) and end.group() == b"\r"
+            self._read(line, events)
+        if start < len(chunk):
+            self._line.append(chunk[start:])
+            self._line_size += len(chunk) - start
+        if self.held > self.limit:
+            raise EventTooLarge
+        return events
+
+    def _read(self, line: bytes, events: list[bytes]) -> None:
+        if line.startswith(b"data:"):
+            value = line[6:] if line[5:6] == b" " else line[5:]
+            self._data.append(value)
+            self._data_size += len(value) + 1
+        elif not line and self._data:
+            events.append(b"\n".join(self._data))
+            self._data, self._data_size = [], 0
+
+
+def _json_message(data: bytes) -> dict[str, Any] | None:
+    with contextlib.suppress(msgspec.DecodeError):
+        message = msgspec.json.decode(data)
+        if isinstance(message, dict):
+            return message
+    return None
+
+
+def _answers(message: dict[str, Any], request_id: Any) -> bool:
+    return message.get("id") == request_id and ("result" in message or "error" in message)
 
 
 def _reason(exc: Exception) -> str:

@@ -303,7 +303,11 @@ async def start_hub(
     config = Config(port=0, bucket=bucket, nats_url=nats_url, data_dir=data_dir, **overrides)
     hub = Hub(config, nats_url)
     app = create_app(config, nats_url, hub)
-    http = "httptools" if asgi_only else hub_protocol(config.header_timeout, app.answer_now)
+    http = (
+        "httptools"
+        if asgi_only
+        else hub_protocol(config.header_timeout, app.answer_now, config.head_limits)
+    )
     served = await serve_app(app, http)
     server, task, url = served.server, served.task, served.url.removesuffix("/mcp")
     client = httpx.AsyncClient(

@@ -129,3 +129,19 @@ def test_bad_upstreams_and_resource_rules_are_refused(
     with pytest.raises(SystemExit):
         config_from_args(argv, env={})
     assert message in capsys.readouterr().err
+
+
+def test_the_edge_limits_come_from_flags_and_the_environment() -> None:
+    from hub.head_limits import HeadLimits
+
+    assert Config().head_limits == HeadLimits(target=8192, field=8192, fields=100, head=32768)
+    config = config_from_args(
+        ["--max-head-bytes", "4096", "--max-fields", "20", "--trusted-proxy", "10.0.0.0/8"],
+        env={"TASKHUB_MAX_FIELD_BYTES": "512", "TASKHUB_PUBLIC_METRICS": "1"},
+    )
+    assert config.head_limits == HeadLimits(target=8192, field=512, fields=20, head=4096)
+    assert [str(n) for n in config.trusted_proxies] == ["10.0.0.0/8"]
+    assert config.public_metrics and not Config().public_metrics
+    for bad in (["--max-head-bytes", "0"], ["--trusted-proxy", "not-an-address"]):
+        with pytest.raises(SystemExit):
+            config_from_args(bad, env={})

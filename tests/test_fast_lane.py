@@ -15,6 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hub import fast_lane
+from hub.head_limits import HeadLimits
 
 BODY = b'{"jsonrpc":"2.0","id":1,"method":"tasks/get"}'
 HEADERS = [
@@ -221,3 +222,29 @@ def test_a_head_longer_than_memo_head_is_read_but_not_remembered() -> None:
     data = request([("Authorization", "Bearer " + "t" * fast_lane.MEMO_HEAD)])
     parsed = heads.parse(data)
     assert parsed is not None and parsed == fast_lane.parse(data) and len(heads) == 0
+
+
+# -- the head limits (hub/head_limits.py): over any of them, uvicorn's path refuses ------
+
+LIMITS = HeadLimits(target=64, field=100, fields=8, head=600)
+
+
+def test_a_head_within_every_limit_is_read() -> None:
+    fits = request([("Host", "h"), ("X-A", "a" * 96)], line="POST /" + "p" * 63 + " HTTP/1.1")
+    assert fast_lane.parse(fits, LIMITS) is not None
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        request(line="POST /" + "p" * 64 + " HTTP/1.1"),  # a target of 65 bytes
+        request([("Host", "h"), ("X-A", "a" * 97)]),  # a field of 101 bytes: name, colon, value
+        request([(f"X-{n}", "v") for n in range(8)]),  # nine fields with Content-Length
+        request([(f"X-{n}", "v" * 90) for n in range(6)]),  # a head over 600 bytes
+    ],
+    ids=["target", "field", "fields", "head"],
+)
+def test_a_head_over_a_limit_is_declined(data: bytes) -> None:
+    assert fast_lane.parse(data) is not None  # within the defaults
+    assert fast_lane.parse(data, LIMITS) is None
+    assert fast_lane.Heads(LIMITS).parse(data) is None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from hub.limits import PollLimiter, StreamLimiter, retry_after
+from hub.limits import ByteBudget, InFlight, PollLimiter, StreamLimiter, retry_after
 
 
 def test_a_burst_is_admitted_then_polls_are_paced_by_the_interval() -> None:
@@ -61,3 +61,24 @@ def test_stream_limits_per_principal_and_total() -> None:
 @pytest.mark.parametrize(("seconds", "header"), [(0.0, "1"), (0.2, "1"), (1.0, "1"), (1.01, "2")])
 def test_retry_after_is_whole_seconds(seconds: float, header: str) -> None:
     assert retry_after(seconds) == header
+
+
+def test_forwards_in_flight_are_counted_per_caller() -> None:
+    in_flight = InFlight(max_per_caller=2)
+    assert in_flight.acquire("alice") and in_flight.acquire("alice")
+    assert not in_flight.acquire("alice")  # refused: nothing taken
+    assert in_flight.acquire("bob")
+    in_flight.release("alice")
+    assert in_flight.held_by("alice") == 1 and in_flight.acquire("alice")
+    for _ in range(2):
+        in_flight.release("alice")
+    in_flight.release("bob")
+    assert in_flight.held_by("alice") == in_flight.held_by("bob") == 0
+
+
+def test_the_byte_budget_never_holds_more_than_its_limit() -> None:
+    budget = ByteBudget(100)
+    assert budget.take(60) and not budget.take(41)  # refused: nothing held
+    assert budget.held == 60 and budget.take(40) and budget.held == 100
+    budget.give(100)
+    assert budget.held == 0 and budget.take(100)

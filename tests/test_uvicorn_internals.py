@@ -60,10 +60,14 @@ def test_the_methods_the_adapter_repeats_are_the_verified_ones(name: str) -> Non
 
 
 def test_the_seams_rely_on_uvicorns_call_sites() -> None:
-    """`answer_whole` stands in for `data_received`, which must only feed the parser;
-    `over_concurrency_limit` repeats the 503 check of `on_headers_complete`."""
+    """`answer_whole` stands in for `data_received`, which must only feed the parser (and
+    `_feed` repeats it); `over_concurrency_limit` repeats the 503 check of
+    `on_headers_complete`."""
     received = inspect.getsource(HttpToolsProtocol.data_received)
     assert "self.parser.feed_data(data)" in received
+    # The head limits read the target as uvicorn gathers it, and see each field first.
+    assert "self.url += url" in inspect.getsource(HttpToolsProtocol.on_url)
+    assert "self.headers.append((name, value))" in inspect.getsource(HttpToolsProtocol.on_header)
     headers_complete = inspect.getsource(HttpToolsProtocol.on_headers_complete)
     assert "len(self.connections) >= self.limit_concurrency" in headers_complete
     assert "len(self.tasks) >= self.limit_concurrency" in headers_complete

@@ -32,6 +32,7 @@ from hub.auth import AuthError, Identity
 from hub.cors import is_preflight, preflight_headers
 from hub.cors import response_headers as cors_response_headers
 from hub.endpoint import BodyError, authenticate, read_body
+from hub.forwarding import TrustedProxies, caller_address
 from hub.handlers import find_task
 from hub.headers import encode_header_value, header_map
 from hub.legacy import methods
@@ -90,6 +91,7 @@ class LegacyEndpoint:
         self.modern_path = modern_path  # named in the errors that send a client there
         self.config = hub.config
         self.cors_origins = frozenset(hub.config.cors_origins)
+        self.trusted = TrustedProxies(hub.config.trusted_proxies)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         headers = header_map(scope["headers"])
@@ -132,7 +134,8 @@ class LegacyEndpoint:
             message = _message(body)
             request_id = message.get("id")
             label = _label(message.get("method"))
-            await self._post(message, headers, identity, receive, send, cors)
+            caller = self._caller(scope, identity)
+            await self._post(message, headers, identity, caller, receive, send, cors)
         except Refusal as exc:
             outcome = str(exc.status)
             error = jsonrpc.encode_error(request_id, exc.error)
@@ -145,8 +148,9 @@ class LegacyEndpoint:
             await _respond(send, exc.status, body, [JSON, *close, *cors])
         except jsonrpc.RpcError as err:
             outcome = str(err.code)
+            extra = [(k.lower().encode(), v.encode("latin-1")) for k, v in err.headers.items()]
             await _respond(
-                send, err.http_status, jsonrpc.encode_error(request_id, err), [JSON, *cors]
+                send, err.http_status, jsonrpc.encode_error(request_id, err), [JSON, *extra, *cors]
             )
         except SessionUnavailable as exc:
             outcome = "503"
@@ -156,6 +160,14 @@ class LegacyEndpoint:
             self.hub.metrics.requests.inc(1, label, outcome)
 
     # -- admission -----------------------------------------------------------------------
+
+    def _caller(self, scope: Scope, identity: Identity) -> str:
+        """Whose requests in flight a forwarded one counts against: the principal with
+        authentication, else the client's address."""
+        if self.hub.authenticator is not None:
+            return identity.principal
+        client = scope.get("client")
+        return caller_address(scope["headers"], client[0] if client else None, self.trusted)
 
     def _admit(self, headers: Mapping[str, str], origin: str | None, method: str) -> Identity:
         if origin is not None and not self.config.origin_allowed(origin):
@@ -206,6 +218,7 @@ class LegacyEndpoint:
         message: dict[str, Any],
         headers: Mapping[str, str],
         identity: Identity,
+        caller: str,
         receive: Receive,
         send: Send,
         cors: RawHeaders,
@@ -241,7 +254,7 @@ class LegacyEndpoint:
             snapshot = await methods.owned(self.hub, params, principal)
             await stream_result(self.hub, snapshot.task_id, request_id, receive, send, cors)
             return
-        result = await self._call(str(method), request_id, params, session, headers)
+        result = await self._call(str(method), request_id, params, session, headers, caller)
         await _respond(send, 200, jsonrpc.encode_result(request_id, result), [JSON, *cors])
 
     async def _initialize(
@@ -285,6 +298,7 @@ class LegacyEndpoint:
         params: dict[str, Any],
         session: Session,
         headers: Mapping[str, str],
+        caller: str,
     ) -> dict[str, Any]:
         hub, principal = self.hub, session.principal
         try:
@@ -299,7 +313,7 @@ class LegacyEndpoint:
         except StoreUnavailable as exc:
             raise jsonrpc.internal_error(str(exc)) from exc
         if method in FORWARDED and self.upstream is not None:
-            return await self._forward(method, request_id, params, session, headers)
+            return await self._forward(method, request_id, params, session, headers, caller)
         raise jsonrpc.method_not_found(method)
 
     async def _forward(
@@ -309,6 +323,7 @@ class LegacyEndpoint:
         params: dict[str, Any],
         session: Session,
         headers: Mapping[str, str],
+        caller: str,
     ) -> dict[str, Any]:
         """Send a legacy request upstream as a modern one; translate its answer back."""
         assert self.upstream is not None
@@ -329,10 +344,13 @@ class LegacyEndpoint:
             out.append((b"authorization", headers["authorization"].encode("latin-1")))
         label = self.upstream.spec.label
         try:
-            answer = await self.upstream.exchange(body, out, request_id)
+            answer = await self.upstream.exchange(body, out, request_id, caller)
         except UpstreamError as exc:
             self.hub.metrics.upstream_requests.inc(1, label, exc.fault)
             raise exc.rpc_error(label) from None
+        except jsonrpc.RpcError:  # the caller's requests in flight are at their limit
+            self.hub.metrics.upstream_requests.inc(1, label, "limited")
+            raise
         self.hub.metrics.upstream_requests.inc(1, label, "ok")
         if not isinstance(answer, dict):
             raise jsonrpc.internal_error(f"upstream {label} answered no JSON-RPC message")

@@ -147,6 +147,8 @@
           ? `signed in as ${data.principal}`
           : "";
     $("principal").title = data.operator ? "operator: sees every task" : "sees own tasks";
+    // Signed in: the hub knows the caller by a token (an open hub calls everyone anonymous).
+    $("sign-out").hidden = data.principal === "anonymous" && !data.operator;
     document.body.classList.toggle("operator", Boolean(data.operator));
     const parts = [];
     for (const key of STREAM_PARAMS) {
@@ -368,36 +370,47 @@
 
   let tokenJustSet = false;
 
-  function hasToken() {
-    return document.cookie.split(";").some((c) => c.trim().startsWith("taskhub_token="));
-  }
-
-  function setTokenCookie(value, maxAge) {
-    const secure = location.protocol === "https:" ? "; Secure" : "";
-    const age = maxAge === undefined ? "" : `; Max-Age=${maxAge}`;
-    document.cookie = `taskhub_token=${value}; Path=/; SameSite=Strict${age}${secure}`;
+  // The hub checks the token and sets its cookie itself, HttpOnly: this page never holds
+  // it (docs/dashboard.md, signing in). POST signs in, DELETE signs out.
+  function session(method, body) {
+    return fetch("/dashboard/session", {
+      method,
+      credentials: "same-origin",
+      headers: body === undefined ? {} : { "Content-Type": "application/json" },
+      body: body === undefined ? undefined : JSON.stringify(body),
+    });
   }
 
   function showSignIn() {
     $("sign-in").hidden = false;
-    $("sign-out").hidden = !hasToken();
+    $("sign-out").hidden = true;
     $("token").focus();
   }
 
-  $("sign-in").addEventListener("submit", (event) => {
+  $("sign-in").addEventListener("submit", async (event) => {
     event.preventDefault();
     const token = $("token").value.trim();
-    // A cookie value may not hold these; a JWT never does.
-    if (!token || /[\s;,"\\]/.test(token)) {
+    if (!token || /\s/.test(token)) {
       $("sign-in-error").textContent = "That does not look like a token.";
       return;
     }
     $("sign-in-error").textContent = "";
-    setTokenCookie(token);
+    let status = 0;
+    try {
+      status = (await session("POST", { token })).status;
+    } catch {
+      status = 0;
+    }
+    if (status !== 204) {
+      $("sign-in-error").textContent =
+        status === 401 || status === 400
+          ? "The hub did not accept that token (expired, or signed by another key?)."
+          : `The hub could not sign you in (${status || "no answer"}).`;
+      return;
+    }
     tokenJustSet = true;
     $("token").value = "";
     $("sign-in").hidden = true;
-    $("sign-out").hidden = false;
     backoff = BACKOFF_MIN_MS;
     connect();
   });
@@ -417,8 +430,12 @@
     requestFrame();
   }
 
-  $("sign-out").addEventListener("click", () => {
-    setTokenCookie("", 0);
+  $("sign-out").addEventListener("click", async () => {
+    try {
+      await session("DELETE");
+    } catch {
+      // the hub is down: the stream's reconnect shows it
+    }
     $("sign-out").hidden = true;
     clearView();
     connect();
@@ -1139,7 +1156,6 @@
     const observer = new ResizeObserver(() => resizeCharts());
     for (const c of charts) observer.observe(c.el.parentElement);
   }
-  $("sign-out").hidden = !hasToken();
   connect();
   setInterval(tickSecond, 1000);
   // For tests and the curious: what the page holds, without reaching into the DOM.

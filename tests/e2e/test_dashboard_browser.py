@@ -326,6 +326,10 @@ async def test_sign_in_operator_view_and_screenshot(
             await expect(page.get_by_test_id("connection")).to_have_text("live")
             await expect(form).to_be_hidden()
             await expect(page.get_by_test_id("principal")).to_have_text("signed in as olivia")
+            # The hub set the cookie, HttpOnly: no script on the page can read the token.
+            (cookie,) = [c for c in await page.context.cookies() if c["name"] == "taskhub_token"]
+            assert cookie["httpOnly"] and cookie["sameSite"] == "Strict"
+            assert "taskhub_token" not in await page.evaluate("document.cookie")
             await expect(page.get_by_test_id("count-total")).to_have_text(str(len(records)))
             for status in ("working", "input_required", "completed", "failed", "cancelled"):
                 await expect(page.get_by_test_id(f"count-{status}")).not_to_have_text("0")

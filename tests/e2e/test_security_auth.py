@@ -312,5 +312,8 @@ async def test_a_stream_ends_with_its_completion_result_when_the_token_expires(
         with pytest.raises(EOFError):
             await stream.next()
     await eventually(lambda: metrics.streams_closed.value("token_expired") == before + 1)
-    text = (await secured.harness.client.get(secured.harness.url + "/metrics")).text
+    operator = bearer("olga", scope="taskhub:operator")  # /metrics is an operator's to read
+    text = (
+        await secured.harness.client.get(secured.harness.url + "/metrics", headers=operator)
+    ).text
     assert f'taskhub_streams_closed_total{{reason="token_expired"}} {before + 1:g}' in text

@@ -1,0 +1,166 @@
+"""What the front door passes between a client and an upstream, and what it keeps back.
+
+A reverse proxy owes each side a clean head (RFC 9110 §7.6.1): the hop-by-hop fields, and
+every field the `Connection` header names, end at the hub in both directions. The hub
+states who the client is itself: `X-Forwarded-For`, `-Host` and `-Proto` are replaced, and
+`Forwarded` and `X-Real-IP` dropped, unless the peer is a proxy the operator trusts
+(`--trusted-proxy`), whose own statements are kept and extended. The hub's token cookie
+is the hub's alone: it is taken out of the `Cookie` going upstream, and an upstream's
+`Set-Cookie` for it never reaches the browser. Pure functions on raw ASGI header lists.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Iterable
+
+from hub.auth import COOKIE_NAME
+
+RawHeaders = list[tuple[bytes, bytes]]
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+# RFC 9110 §7.6.1 hop-by-hop fields, and the framing the HTTP client sets itself.
+HOP_BY_HOP = frozenset(
+    {
+        b"connection",
+        b"keep-alive",
+        b"proxy-connection",
+        b"proxy-authenticate",
+        b"proxy-authorization",
+        b"te",
+        b"trailer",
+        b"transfer-encoding",
+        b"upgrade",
+    }
+)
+_NOT_FORWARDED = HOP_BY_HOP | {b"host", b"content-length"}
+# Statements about the client that only the hub, or a proxy it trusts, may make.
+_CLIENT_STATEMENTS = frozenset(
+    {b"x-forwarded-for", b"x-forwarded-host", b"x-forwarded-proto", b"forwarded", b"x-real-ip"}
+)
+# httpx decodes what it receives, and the hub frames the answer anew.
+_NOT_RETURNED = HOP_BY_HOP | {b"content-length", b"content-encoding"}
+_COOKIE = COOKIE_NAME.encode()
+
+
+class TrustedProxies:
+    """`--trusted-proxy`: addresses and networks whose forwarding headers the hub keeps."""
+
+    def __init__(self, networks: Iterable[Network] = ()) -> None:
+        self.networks = tuple(networks)
+
+    def __bool__(self) -> bool:
+        return bool(self.networks)
+
+    def __contains__(self, address: object) -> bool:
+        if not self.networks or not isinstance(address, str):
+            return False
+        try:
+            ip = ipaddress.ip_address(address)
+        except ValueError:
+            return False
+        return any(ip in network for network in self.networks)
+
+
+def parse_trusted_proxies(text: str) -> tuple[Network, ...]:
+    """`ADDRESS[/BITS][,...]`; raises ValueError for anything else."""
+    return tuple(
+        ipaddress.ip_network(item.strip(), strict=False) for item in text.split(",") if item.strip()
+    )
+
+
+def request_headers(
+    headers: RawHeaders,
+    peer: str | None,
+    scheme: str,
+    trusted: TrustedProxies,
+) -> RawHeaders:
+    """The head sent upstream for a client's `headers` (lower-case names, as checked)."""
+    dropped = _NOT_FORWARDED | _named_in_connection(headers)
+    kept_statements = peer in trusted
+    out: RawHeaders = []
+    statements: dict[bytes, list[bytes]] = {}
+    host = None
+    for name, value in headers:
+        if name == b"host":
+            host = value if host is None else host
+        if name in dropped:
+            continue
+        # Surrounding spaces and tabs are not part of a field value (RFC 9110 §5.5);
+        # httptools keeps trailing ones, which the upstream's HTTP client refuses to send.
+        value = value.strip(b" \t")
+        if name in _CLIENT_STATEMENTS:
+            if kept_statements:
+                statements.setdefault(name, []).append(value)
+            continue
+        if name == b"cookie":
+            value = _without_our_cookie(value)
+            if not value:
+                continue
+        out.append((name, value))
+    for name in (b"forwarded", b"x-real-ip"):
+        if name in statements:
+            out.append((name, b", ".join(statements[name])))
+    chain = statements.get(b"x-forwarded-for", [])
+    if peer:
+        chain = [*chain, peer.encode()]
+    if chain:
+        out.append((b"x-forwarded-for", b", ".join(chain)))
+    forwarded_host = statements.get(b"x-forwarded-host", [host] if host is not None else [])
+    if forwarded_host:
+        out.append((b"x-forwarded-host", forwarded_host[0]))
+    proto = statements.get(b"x-forwarded-proto", [scheme.encode()])
+    out.append((b"x-forwarded-proto", proto[0]))
+    return out
+
+
+def response_headers(headers: Iterable[tuple[bytes, bytes]]) -> RawHeaders:
+    """The answer's fields the client gets: end-to-end ones only, less the upstream's CORS
+    (the hub answers CORS for its own origins) and any cookie of the hub's."""
+    pairs = [(name.lower(), value) for name, value in headers]
+    dropped = _NOT_RETURNED | _named_in_connection(pairs)
+    return [
+        (name, value)
+        for name, value in pairs
+        if name not in dropped
+        and not name.startswith(b"access-control-")
+        and not (name == b"set-cookie" and _cookie_name(value) == _COOKIE)
+    ]
+
+
+def caller_address(headers: RawHeaders, peer: str | None, trusted: TrustedProxies) -> str:
+    """The client's address: the peer's, or behind trusted proxies the last address of
+    `X-Forwarded-For` that is not one of them."""
+    if peer is None:
+        return "-"
+    if peer not in trusted:
+        return peer
+    chain = [
+        hop.strip().decode("latin-1")
+        for name, value in headers
+        if name == b"x-forwarded-for"
+        for hop in value.split(b",")
+    ]
+    for hop in reversed(chain):
+        if hop and hop not in trusted:
+            return hop
+    return peer
+
+
+def _named_in_connection(headers: Iterable[tuple[bytes, bytes]]) -> frozenset[bytes]:
+    return frozenset(
+        token.strip().lower()
+        for name, value in headers
+        if name == b"connection"
+        for token in value.split(b",")
+        if token.strip()
+    )
+
+
+def _without_our_cookie(value: bytes) -> bytes:
+    pairs = [pair.strip() for pair in value.split(b";")]
+    return b"; ".join(pair for pair in pairs if pair and _cookie_name(pair) != _COOKIE)
+
+
+def _cookie_name(pair: bytes) -> bytes:
+    return pair.split(b"=", 1)[0].split(b";", 1)[0].strip()

@@ -1,0 +1,165 @@
+"""hub/forwarding.py: the head the front door sends upstream, and the answer's it returns."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from hub.forwarding import (
+    TrustedProxies,
+    caller_address,
+    parse_trusted_proxies,
+    request_headers,
+    response_headers,
+)
+
+NONE = TrustedProxies()
+PROXY = TrustedProxies(parse_trusted_proxies("10.0.0.0/8, ::1"))
+
+
+def names(headers: list[tuple[bytes, bytes]]) -> list[bytes]:
+    return [name for name, _ in headers]
+
+
+def test_end_to_end_fields_pass_hop_by_hop_and_host_do_not() -> None:
+    out = request_headers(
+        [
+            (b"host", b"hub.example"),
+            (b"authorization", b"Bearer t"),
+            (b"mcp-method", b"tools/call"),
+            (b"connection", b"keep-alive, x-private"),
+            (b"x-private", b"1"),
+            (b"keep-alive", b"timeout=5"),
+            (b"te", b"trailers"),
+            (b"transfer-encoding", b"chunked"),
+            (b"upgrade", b"h2c"),
+            (b"proxy-authorization", b"Basic x"),
+            (b"content-length", b"12"),
+            (b"accept", b"application/json "),
+        ],
+        "203.0.113.7",
+        "http",
+        NONE,
+    )
+    assert out == [
+        (b"authorization", b"Bearer t"),
+        (b"mcp-method", b"tools/call"),
+        (b"accept", b"application/json"),  # trailing whitespace is no part of a value
+        (b"x-forwarded-for", b"203.0.113.7"),
+        (b"x-forwarded-host", b"hub.example"),
+        (b"x-forwarded-proto", b"http"),
+    ]
+
+
+SPOOFED = [
+    (b"host", b"hub.example"),
+    (b"x-forwarded-for", b"1.1.1.1"),
+    (b"x-forwarded-for", b"2.2.2.2"),
+    (b"x-forwarded-host", b"bank.example"),
+    (b"x-forwarded-proto", b"https"),
+    (b"forwarded", b"for=1.1.1.1"),
+    (b"x-real-ip", b"1.1.1.1"),
+]
+
+
+def test_a_clients_statements_about_itself_are_replaced() -> None:
+    out = request_headers(SPOOFED, "203.0.113.7", "http", PROXY)
+    assert out == [
+        (b"x-forwarded-for", b"203.0.113.7"),
+        (b"x-forwarded-host", b"hub.example"),
+        (b"x-forwarded-proto", b"http"),
+    ]
+
+
+def test_a_trusted_proxys_statements_are_kept_and_extended() -> None:
+    out = request_headers(SPOOFED, "10.1.2.3", "http", PROXY)
+    assert out == [
+        (b"forwarded", b"for=1.1.1.1"),
+        (b"x-real-ip", b"1.1.1.1"),
+        (b"x-forwarded-for", b"1.1.1.1, 2.2.2.2, 10.1.2.3"),
+        (b"x-forwarded-host", b"bank.example"),
+        (b"x-forwarded-proto", b"https"),
+    ]
+
+
+def test_the_hubs_cookie_stays_home_and_others_pass() -> None:
+    out = request_headers(
+        [(b"cookie", b"a=1; taskhub_token=secret; b=2"), (b"cookie", b"taskhub_token=x")],
+        None,
+        "http",
+        NONE,
+    )
+    assert out == [(b"cookie", b"a=1; b=2"), (b"x-forwarded-proto", b"http")]
+
+
+def test_the_answer_loses_hop_by_hop_cors_framing_and_the_hubs_cookie() -> None:
+    out = response_headers(
+        [
+            (b"Content-Type", b"application/json"),
+            (b"Connection", b"close, X-Hop"),
+            (b"X-Hop", b"1"),
+            (b"Content-Length", b"2"),
+            (b"Content-Encoding", b"gzip"),
+            (b"Access-Control-Allow-Origin", b"*"),
+            (b"Set-Cookie", b"taskhub_token=planted; HttpOnly"),
+            (b"Set-Cookie", b" taskhub_token = also; Path=/"),
+            (b"Set-Cookie", b"session=fine"),
+            (b"Mcp-Session-Id", b"s1"),
+        ]
+    )
+    assert out == [
+        (b"content-type", b"application/json"),
+        (b"set-cookie", b"session=fine"),
+        (b"mcp-session-id", b"s1"),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("peer", "chain", "caller"),
+    [
+        ("203.0.113.7", b"1.1.1.1", "203.0.113.7"),  # not a proxy: its word counts for nothing
+        ("10.0.0.1", b"198.51.100.9, 203.0.113.7", "203.0.113.7"),  # the proxy's last hop
+        ("10.0.0.1", b"203.0.113.7, 10.0.0.9", "203.0.113.7"),  # through two trusted proxies
+        ("10.0.0.1", b"", "10.0.0.1"),  # a proxy that says nothing is the caller
+        ("10.0.0.1", b"10.0.0.2", "10.0.0.1"),
+        (None, b"1.1.1.1", "-"),
+    ],
+)
+def test_the_caller_is_the_last_address_no_trusted_proxy_vouches_for(
+    peer: str | None, chain: bytes, caller: str
+) -> None:
+    headers = [(b"x-forwarded-for", chain)] if chain else []
+    assert caller_address(headers, peer, PROXY) == caller
+
+
+def test_trusted_proxies_are_addresses_and_networks() -> None:
+    assert "10.255.0.1" in PROXY and "::1" in PROXY
+    assert "11.0.0.1" not in PROXY and "not an address" not in PROXY and None not in PROXY
+    assert not NONE and "10.0.0.1" not in NONE
+    with pytest.raises(ValueError):
+        parse_trusted_proxies("10.0.0.0/33")
+
+
+FIELD = st.tuples(
+    st.sampled_from([b"x-forwarded-for", b"forwarded", b"cookie", b"connection", b"x-a", b"host"]),
+    st.binary(max_size=20).filter(lambda v: b"\r" not in v and b"\n" not in v),
+)
+
+
+@given(st.lists(FIELD, max_size=8), st.sampled_from(["203.0.113.7", "10.0.0.1", None]))
+def test_whatever_a_client_sends_the_forwarded_for_ends_with_its_peer(
+    headers: list[tuple[bytes, bytes]], peer: str | None
+) -> None:
+    out = request_headers(headers, peer, "http", PROXY)
+    forwarded_for = [value for name, value in out if name == b"x-forwarded-for"]
+    if peer is None:
+        assert not forwarded_for or peer in PROXY
+    else:
+        assert len(forwarded_for) == 1 and forwarded_for[0].endswith(peer.encode())
+        if peer not in PROXY:
+            assert forwarded_for == [peer.encode()]
+    assert b"connection" not in names(out) and b"host" not in names(out)
+    cookies = [value for name, value in out if name == b"cookie"]
+    pairs = [pair.split(b"=", 1)[0].strip() for value in cookies for pair in value.split(b";")]
+    assert b"taskhub_token" not in pairs

@@ -1,0 +1,56 @@
+"""hub/upstream.py's pure part: the SSE reader the legacy door reads an upstream's answer with."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from hub.upstream import EventReader, EventTooLarge
+
+STREAM = (
+    b": a comment\r\n"
+    b"event: message\r\n"
+    b'data: {"a":\r\n'
+    b"data:1}\r\n"
+    b"\r\n"
+    b"id: 7\n"
+    b'data: {"b":2}\n'
+    b"\n"
+    b'data: {"c":3}\r'
+    b"\r\n"
+    b"\n"  # a blank line with no data: no event
+)
+EVENTS = [b'{"a":\n1}', b'{"b":2}', b'{"c":3}']
+
+
+def read(chunks: list[bytes], limit: int = 1 << 20) -> list[bytes]:
+    reader = EventReader(limit)
+    return [event for chunk in chunks for event in reader.feed(chunk)]
+
+
+def test_events_with_every_line_ending_and_multi_line_data() -> None:
+    assert read([STREAM]) == EVENTS
+
+
+@given(st.lists(st.integers(min_value=0, max_value=len(STREAM)), max_size=6))
+def test_any_split_of_the_stream_reads_the_same(cuts: list[int]) -> None:
+    points = [0, *sorted(cuts), len(STREAM)]
+    assert read([STREAM[a:b] for a, b in itertools.pairwise(points)]) == EVENTS
+
+
+def test_a_line_or_an_event_over_the_limit_raises_and_holds_no_more() -> None:
+    reader = EventReader(100)
+    with pytest.raises(EventTooLarge):
+        for _ in range(10):
+            reader.feed(b"data: " + b"x" * 30)  # one line that never ends
+    reader = EventReader(100)
+    with pytest.raises(EventTooLarge):
+        for _ in range(10):
+            reader.feed(b"data: " + b"y" * 30 + b"\n")  # an event that never ends
+    reader = EventReader(100)
+    for _ in range(10):  # small events, each ended: nothing is held between them
+        assert reader.feed(b"data: " + b"z" * 30 + b"\n\n") == [b"z" * 30]
+        assert reader.held == 0
