@@ -25,7 +25,7 @@ from hub.cors import normalize_origin
 from hub.embedded_nats import SYNC_ALWAYS, parse_sync
 from hub.fleet_events import load_resource_rule
 from hub.forwarding import Network, parse_trusted_proxies
-from hub.head_limits import HeadLimits
+from hub.head_limits import HeadLimits, rest_for
 from hub.hosts import host_name
 from hub.upstream import UpstreamSpec
 
@@ -147,6 +147,7 @@ class Config:
             field=self.max_field_bytes,
             fields=self.max_fields,
             head=self.max_head_bytes,
+            rest=rest_for(self.max_body_bytes),
         )
 
     @property

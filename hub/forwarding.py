@@ -38,6 +38,7 @@ _NOT_FORWARDED = HOP_BY_HOP | {b"host", b"content-length"}
 _CLIENT_STATEMENTS = frozenset(
     {b"x-forwarded-for", b"x-forwarded-host", b"x-forwarded-proto", b"forwarded", b"x-real-ip"}
 )
+_SPECIAL = _CLIENT_STATEMENTS | {b"cookie"}  # looked at more closely
 # httpx decodes what it receives, and the hub frames the answer anew.
 _NOT_RETURNED = HOP_BY_HOP | {b"content-length", b"content-encoding"}
 _COOKIE = COOKIE_NAME.encode()
@@ -76,31 +77,32 @@ def request_headers(
     trusted: TrustedProxies,
 ) -> RawHeaders:
     """The head sent upstream for a client's `headers` (lower-case names, as checked)."""
-    dropped = _NOT_FORWARDED | _named_in_connection(headers)
-    kept_statements = peer in trusted
+    named = _named_in_connection(headers)
+    dropped = _NOT_FORWARDED | named if named else _NOT_FORWARDED
     out: RawHeaders = []
     statements: dict[bytes, list[bytes]] = {}
     host = None
     for name, value in headers:
-        if name == b"host":
-            host = value if host is None else host
         if name in dropped:
+            if name == b"host" and host is None:
+                host = value
             continue
         # Surrounding spaces and tabs are not part of a field value (RFC 9110 §5.5);
         # httptools keeps trailing ones, which the upstream's HTTP client refuses to send.
         value = value.strip(b" \t")
-        if name in _CLIENT_STATEMENTS:
-            if kept_statements:
+        if name in _SPECIAL:
+            if name == b"cookie":
+                value = _without_our_cookie(value)
+                if value:
+                    out.append((name, value))
+            elif peer in trusted:
                 statements.setdefault(name, []).append(value)
             continue
-        if name == b"cookie":
-            value = _without_our_cookie(value)
-            if not value:
-                continue
         out.append((name, value))
-    for name in (b"forwarded", b"x-real-ip"):
-        if name in statements:
-            out.append((name, b", ".join(statements[name])))
+    if statements:
+        for name in (b"forwarded", b"x-real-ip"):
+            if name in statements:
+                out.append((name, b", ".join(statements[name])))
     chain = statements.get(b"x-forwarded-for", [])
     if peer:
         chain = [*chain, peer.encode()]
@@ -109,8 +111,8 @@ def request_headers(
     forwarded_host = statements.get(b"x-forwarded-host", [host] if host is not None else [])
     if forwarded_host:
         out.append((b"x-forwarded-host", forwarded_host[0]))
-    proto = statements.get(b"x-forwarded-proto", [scheme.encode()])
-    out.append((b"x-forwarded-proto", proto[0]))
+    proto = statements.get(b"x-forwarded-proto")
+    out.append((b"x-forwarded-proto", proto[0] if proto else scheme.encode()))
     return out
 
 
@@ -118,7 +120,8 @@ def response_headers(headers: Iterable[tuple[bytes, bytes]]) -> RawHeaders:
     """The answer's fields the client gets: end-to-end ones only, less the upstream's CORS
     (the hub answers CORS for its own origins) and any cookie of the hub's."""
     pairs = [(name.lower(), value) for name, value in headers]
-    dropped = _NOT_RETURNED | _named_in_connection(pairs)
+    named = _named_in_connection(pairs)
+    dropped = _NOT_RETURNED | named if named else _NOT_RETURNED
     return [
         (name, value)
         for name, value in pairs
@@ -148,13 +151,11 @@ def caller_address(headers: RawHeaders, peer: str | None, trusted: TrustedProxie
 
 
 def _named_in_connection(headers: Iterable[tuple[bytes, bytes]]) -> frozenset[bytes]:
-    return frozenset(
-        token.strip().lower()
-        for name, value in headers
-        if name == b"connection"
-        for token in value.split(b",")
-        if token.strip()
-    )
+    named = [value for name, value in headers if name == b"connection"]
+    if not named:
+        return frozenset()
+    tokens = (token.strip().lower() for value in named for token in value.split(b","))
+    return frozenset(token for token in tokens if token)
 
 
 def _without_our_cookie(value: bytes) -> bytes:

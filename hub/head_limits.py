@@ -11,6 +11,7 @@ the hub allows a 32 KiB head, room for a bearer token and a browser's cookies.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 
@@ -20,6 +21,11 @@ class HeadLimits:
     field: int = 8 * 1024  # one header field: name, colon and value
     fields: int = 100  # header fields in one head
     head: int = 32 * 1024  # the whole head, request line to blank line
+    # What a request may send after its head (body, chunk framing, trailer fields) before
+    # the connection is dropped: well over any body the hub reads (--max-body-bytes), so
+    # that a client sending one too large still reads its 413, and a bound on the rest,
+    # which the parser would otherwise gather (a trailer field) without end.
+    rest: int = 2 * (1 << 20) + 64 * 1024  # rest_for(the default --max-body-bytes)
 
 
 class HeadRefused(Exception):
@@ -45,3 +51,23 @@ def too_many_fields(limits: HeadLimits) -> HeadRefused:
 
 def head_too_large(limits: HeadLimits) -> HeadRefused:
     return HeadRefused(431, f"Request head larger than {limits.head} bytes")
+
+
+def rest_for(max_body_bytes: int) -> int:
+    """`HeadLimits.rest` for a hub that reads bodies of up to `max_body_bytes`."""
+    return 2 * max_body_bytes + 64 * 1024
+
+
+def judge(
+    limits: HeadLimits, target: bytes, fields: Sequence[tuple[bytes, bytes]]
+) -> HeadRefused | None:
+    """What refuses a whole head's target and fields (name, value), if anything does."""
+    if len(target) > limits.target:
+        return target_too_long(limits)
+    if len(fields) > limits.fields:
+        return too_many_fields(limits)
+    field = limits.field - 1  # a field is name, colon and value
+    for name, value in fields:
+        if len(name) + len(value) > field:
+            return field_too_large(limits)
+    return None

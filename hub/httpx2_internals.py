@@ -4,12 +4,15 @@ httpcore2 parses an answer with h11 and, the moment the answer is read to its en
 the connection back in its pool with whatever else the upstream sent in the same read
 still in h11's buffer; the next request on that connection, perhaps another client's to
 another upstream on the same host and port, would be answered with those bytes. No
-public API shows them. `ReuseGuard` is a request's `trace` extension (public httpcore2
-API) that wakes just before the connection is handed back, reads h11's `trailing_data`
-(public on h11's own `Connection`) through the answer's private chain of streams, and if
-anything is there tells h11 the exchange failed, upon which httpcore2 closes the
-connection instead of pooling it. `tests/test_httpx2_internals.py` pins the chain and the
-event on a live answer.
+public API shows them, and none lets the hub act before the connection is pooled. So
+the adapter reads h11's `trailing_data` (public on h11's own `Connection`) through the
+answer's private chain of streams and, if anything is there, tells h11 the exchange
+failed, upon which httpcore2 closes the connection instead of pooling it. It does so at
+the answer's last body byte when the answer is framed by its `Content-Length` and read
+as it came (`stray_after_end`, the common JSON answer: no cost but the look), and
+otherwise from `ReuseGuard`, the answer's `trace` extension (public httpcore2 API), which
+httpcore2 wakes just before it pools or closes the connection.
+`tests/test_httpx2_internals.py` pins the chain and the event on a live answer.
 """
 
 from __future__ import annotations
@@ -35,18 +38,28 @@ def h11_state(response: httpx.Response) -> h11.Connection | None:
     return link if isinstance(link, h11.Connection) else None
 
 
+def stray_after_end(response: httpx.Response) -> bool:
+    """At the last byte of an answer framed by its `Content-Length`, before the answer is
+    closed: True, and its connection will be closed, when the upstream sent more."""
+    state = h11_state(response)
+    if state is None or not state.trailing_data[0]:
+        return False
+    state.send_failed()  # our side ERROR: httpcore2 closes rather than pools
+    return True
+
+
 class ReuseGuard:
-    """A request's `trace` extension: keeps its connection out of the pool when the
-    upstream sent bytes past the end of its answer; `overran` then holds."""
+    """An answer's `trace` extension: keeps its connection out of the pool when the
+    upstream sent bytes past the end of the answer; `overran` then holds."""
 
     __slots__ = ("overran", "response")
 
-    def __init__(self) -> None:
-        self.response: httpx.Response | None = None  # set once the answer's head is in
+    def __init__(self, response: httpx.Response) -> None:
+        self.response = response
         self.overran = False
 
     async def __call__(self, event: str, info: dict[str, Any]) -> None:
-        if event != CLOSING or self.response is None:
+        if event != CLOSING:
             return
         state = h11_state(self.response)
         if state is not None and state.their_state is h11.DONE and state.trailing_data[0]:
@@ -54,10 +67,12 @@ class ReuseGuard:
             state.send_failed()  # our side ERROR: httpcore2 closes rather than pools
 
 
-def guard(request: httpx.Request) -> ReuseGuard:
-    """Put a `ReuseGuard` on `request`."""
-    reuse_guard = ReuseGuard()
-    request.extensions["trace"] = reuse_guard
+def guard(response: httpx.Response) -> ReuseGuard:
+    """Put a `ReuseGuard` on the answer whose head has just come. Only then: httpcore2
+    reads the request's extensions afresh for each step it traces, and a trace costs
+    about 1.5 µs a step, so the steps of sending and of the head are not traced."""
+    reuse_guard = ReuseGuard(response)
+    response.request.extensions["trace"] = reuse_guard
     return reuse_guard
 
 

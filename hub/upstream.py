@@ -38,7 +38,7 @@ from starlette.types import Receive, Send
 
 from bridge.events import DEFAULT_SERVICE
 from hub import forwarding, jsonrpc
-from hub.httpx2_internals import guard, guard_of
+from hub.httpx2_internals import guard, guard_of, stray_after_end
 from hub.limits import ByteBudget, InFlight
 from hub.metrics import Metrics
 
@@ -53,6 +53,7 @@ POOL_KEEPALIVE = 64  # idle connections kept for reuse
 # is closing at that moment fails the request with a reset (a 502 to the client).
 POOL_KEEPALIVE_EXPIRY = 1.0  # seconds
 SEND_SLICE = 256 << 10  # a whole answer goes to the client in writes of this size
+READ_SIZE = 64 << 10  # what httpcore2 reads at once: less free in the budget is none
 
 
 @dataclass(frozen=True)
@@ -125,7 +126,12 @@ class Pool:
 
     def admit(self, caller: str) -> jsonrpc.RpcError | None:
         """Take one of `caller`'s slots for a request in flight (`release` gives it back),
-        or the 429 it gets when it holds all of them."""
+        or the 429 it gets when it holds all of them, or when the hub holds all the answer
+        bytes it may (an upstream should not do work whose answer would be dropped)."""
+        if self.buffer.held + READ_SIZE > self.buffer.limit:
+            return jsonrpc.rate_limited(
+                "the hub holds as many upstream answer bytes as it may; retry shortly", "1"
+            )
         if self.in_flight.acquire(caller):
             return None
         limit = self.in_flight.max_per_caller
@@ -187,6 +193,7 @@ class Upstream:
                 return "client_gone"
             try:
                 if _is_event_stream(response):
+                    guard(response)  # pooled only if nothing follows the stream (`_overrun`)
                     return await self._stream(response, receive, send, request_id)
                 return await self._whole(response, send, request_id)
             finally:
@@ -216,6 +223,7 @@ class Upstream:
             try:
                 if not _is_event_stream(response):
                     return await self._read_json(response)
+                guard(response)  # pooled only if nothing follows the stream (`_overrun`)
                 return await self._answer_on_stream(response, request_id)
             finally:
                 await response.aclose()
@@ -245,7 +253,6 @@ class Upstream:
 
     async def _send(self, request: httpx.Request) -> httpx.Response:
         timeout = self.pool.timeout
-        reuse_guard = guard(request)  # its connection is pooled only if the answer ends clean
         try:
             async with asyncio.timeout(timeout):
                 response = await self.pool.client.send(request, stream=True)
@@ -259,7 +266,6 @@ class Upstream:
             raise self._failed(502, "refused", f"cannot connect ({_reason(exc)})") from None
         except httpx.TransportError as exc:
             raise self._failed(502, "reset", f"connection lost ({_reason(exc)})") from None
-        reuse_guard.response = response
         self._healthy()
         return response
 
@@ -347,6 +353,9 @@ class Upstream:
         timeout = self.pool.timeout
         chunks: list[bytes] = []
         size = 0
+        end = _plain_length(response)  # where to look for bytes past it, if it says
+        if end is None:
+            guard(response)  # pooled only if nothing follows the answer (`_overrun`)
         try:
             async with asyncio.timeout(timeout):
                 async for chunk in response.aiter_bytes():
@@ -359,6 +368,8 @@ class Upstream:
                         size -= len(chunk)
                         raise self._overloaded()
                     chunks.append(chunk)
+                    if size == end and stray_after_end(response):
+                        raise self._stray()
             overrun = self._overrun(response)
             if overrun is not None:
                 raise overrun
@@ -423,6 +434,9 @@ class Upstream:
         reuse_guard = guard_of(response)
         if reuse_guard is None or not reuse_guard.overran:
             return None
+        return self._stray()
+
+    def _stray(self) -> UpstreamError:
         return self._failed(502, "invalid", "answered past the end of its answer")
 
     # -- failures ------------------------------------------------------------------------
@@ -470,6 +484,19 @@ async def _send_whole(send: Send, status: int, body: bytes, err: jsonrpc.RpcErro
     headers += [(k.lower().encode(), v.encode("latin-1")) for k, v in err.headers.items()]
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
+
+
+def _plain_length(response: httpx.Response) -> int | None:
+    """The length of an answer framed by its `Content-Length` and sent as it is (no
+    content coding), whose last byte `_read_body` sees come: None for any other."""
+    length = b""
+    for name, value in response.headers.raw:  # one pass: httpx's `get` is one per name
+        name = name.lower()
+        if name == b"content-length":
+            length = value
+        elif name == b"content-encoding":
+            return None
+    return int(length) or None if length.isdigit() else None
 
 
 def _is_event_stream(response: httpx.Response) -> bool:

@@ -71,8 +71,6 @@ PROTOCOL_METHODS = (
     "on_response_complete",
     "connection_made",
     "connection_lost",
-    "on_url",
-    "on_header",
     "_start_asgi_task",
     "_unset_keepalive_if_required",
     "_should_upgrade",
@@ -248,10 +246,12 @@ class Protocol(HttpToolsProtocol):
     It also bounds what a request head may cost before anything reads it
     (hub/head_limits.py, `head_limits`): the head's bytes are counted as they arrive and
     the parser is never fed past `head_limits.head` of them; the target, each field and
-    the number of fields are checked as the parser reports them. A head over a limit gets
-    414 or 431 and the connection closes (after reading, for a moment, what the client
-    still sends, so the client sees the answer). Trailer fields of a chunked body never
-    join the request's headers: the head that was checked is the head the app sees.
+    the number of fields are judged once the parser has the whole head. A head over a
+    limit gets 414 or 431 and the connection closes (after reading, for a moment, what
+    the client still sends, so the client sees the answer). Trailer fields of a chunked
+    body never join the request's headers: the head that was checked is the head the app
+    sees, and what a request sends after its head is bounded too (`head_limits.rest`): the
+    connection is dropped past it.
     """
 
     head_limits = HeadLimits()  # a subclass sets the server's own
@@ -265,7 +265,7 @@ class Protocol(HttpToolsProtocol):
         self._head_done = False  # the current request's head is read (its body may follow)
         self._heads = 0  # heads read on this connection
         self._head_left = self.head_limits.head  # bytes the head being read may still take
-        self._fields = 0  # header fields of the head being read
+        self._rest_left = self.head_limits.rest  # bytes its request may still send after it
         self._refusal: HeadRefused | None = None  # why a parser callback stopped the head
         self._discarded = -1  # bytes dropped since a head was refused; -1: none was
 
@@ -360,9 +360,14 @@ class Protocol(HttpToolsProtocol):
             and self.answer_whole(data)
         ):
             return
-        # A body: not counted. A head pipelined behind it in the same read is bounded by
-        # the checks of its target and fields, and its later reads are counted.
+        # After the head: counted against what a request may send after it. A head
+        # pipelined behind a body in the same read is bounded by that read; its later
+        # reads are counted as a head's.
         if self._head_done:
+            self._rest_left -= len(data)
+            if self._rest_left < 0:
+                self.transport.abort()  # far more than any body the hub reads
+                return
             self._feed(data)
             return
         left = self._head_left
@@ -379,6 +384,7 @@ class Protocol(HttpToolsProtocol):
         if self._heads == heads:
             self._refuse(head_limits.head_too_large(self.head_limits))
             return
+        self._rest_left -= len(data) - left
         self._feed(memoryview(data)[left:])
 
     def _feed(self, data: bytes | memoryview) -> None:
@@ -419,35 +425,25 @@ class Protocol(HttpToolsProtocol):
     def on_message_begin(self) -> None:
         super().on_message_begin()
         self._in_message = True
-        self._fields = 0
         self.scope["extensions"] = self.extensions  # type: ignore[typeddict-item]
         self.request_begun()
 
-    def on_url(self, url: bytes) -> None:
-        super().on_url(url)
-        if len(self.url) > self.head_limits.target:
-            raise self._refused(head_limits.target_too_long(self.head_limits))
-
-    def on_header(self, name: bytes, value: bytes) -> None:
-        if self._head_done:
-            return  # a trailer field: not a header of the request the app has seen
-        limits = self.head_limits
-        self._fields += 1
-        if self._fields > limits.fields:
-            raise self._refused(head_limits.too_many_fields(limits))
-        if len(name) + 1 + len(value) > limits.field:
-            raise self._refused(head_limits.field_too_large(limits))
-        super().on_header(name, value)
-
-    def _refused(self, refusal: HeadRefused) -> HeadRefused:
-        self._refusal = refusal  # the parser stops with a callback error: `_feed` answers
-        return refusal
-
     def on_headers_complete(self) -> None:
+        # The head's bytes were counted as they came; its parts are judged here, once,
+        # before uvicorn makes a request of them (it is all in memory by now, bounded).
+        refusal = head_limits.judge(self.head_limits, self.url, self.headers)
+        if refusal is not None:
+            self._refusal = refusal  # the parser stops with a callback error: `_feed` answers
+            raise refusal
         self._head_done = True
         self._heads += 1
+        self._rest_left = self.head_limits.rest
         self.head_complete()
         super().on_headers_complete()
+        # Trailer fields of a chunked body are reported like header fields, and uvicorn
+        # appends them to this same list, the request's `scope["headers"]`: from here on
+        # they go to a list no one reads.
+        self.headers = []
 
     def on_message_complete(self) -> None:
         self._in_message = False

@@ -15,7 +15,7 @@ import h11
 import httpx2 as httpx
 import pytest
 
-from hub.httpx2_internals import CLOSING, ReuseGuard, guard, guard_of, h11_state
+from hub.httpx2_internals import CLOSING, ReuseGuard, guard, guard_of, h11_state, stray_after_end
 
 ANSWER = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n{}"
 
@@ -61,8 +61,8 @@ async def server(request: pytest.FixtureRequest) -> AsyncIterator[Server]:
 class Recording(ReuseGuard):
     """The adapter's guard, noting every trace event it is given."""
 
-    def __init__(self, events: list[str]) -> None:
-        super().__init__()
+    def __init__(self, response: httpx.Response, events: list[str]) -> None:
+        super().__init__(response)
         self.events = events
 
     async def __call__(self, event: str, info: dict[str, object]) -> None:
@@ -71,12 +71,10 @@ class Recording(ReuseGuard):
 
 
 async def get(client: httpx.AsyncClient, url: str, events: list[str]) -> tuple[bytes, bool]:
-    request = client.build_request("GET", url)
-    assert isinstance(guard(request), ReuseGuard)  # what the front door puts on a request
-    request.extensions["trace"] = recording = Recording(events)
-    response = await client.send(request, stream=True)
+    response = await client.send(client.build_request("GET", url), stream=True)
     assert isinstance(h11_state(response), h11.Connection), "the chain to h11 is broken"
-    recording.response = response
+    assert isinstance(guard(response), ReuseGuard)  # what the front door puts on an answer
+    response.request.extensions["trace"] = recording = Recording(response, events)
     body = await response.aread()
     assert guard_of(response) is recording
     return body, recording.overran
@@ -90,6 +88,22 @@ async def test_stray_bytes_close_the_connection_and_a_clean_answer_is_pooled(
         first, overran = await get(client, server.url, events)
         second, _ = await get(client, server.url, events)
     assert (first, second) == (b"{}", b"{}")  # never the stray `[]`
-    assert CLOSING in events  # httpcore2 still says when it is about to pool or close
+    # httpcore2 still reads the extension afresh, and says when it pools or closes.
+    assert CLOSING in events
     assert overran == bool(server.extra)
+    assert server.connections == (2 if server.extra else 1)
+
+
+async def test_at_the_last_byte_of_a_plain_answer_stray_bytes_are_seen(server: Server) -> None:
+    """The front door's JSON path: looked at as the last body byte comes, before the
+    answer is closed and its connection pooled."""
+    async with httpx.AsyncClient() as client:
+        for _ in range(2):  # each the first answer on its connection: stray bytes follow
+            response = await client.send(client.build_request("GET", server.url), stream=True)
+            body = b""
+            async for chunk in response.aiter_bytes():
+                body += chunk
+                if len(body) == int(response.headers["content-length"]):
+                    assert stray_after_end(response) == bool(server.extra)
+            assert body == b"{}"
     assert server.connections == (2 if server.extra else 1)

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from hub.upstream import EventReader, EventTooLarge
+from hub.upstream import READ_SIZE, EventReader, EventTooLarge, Pool
 
 STREAM = (
     b": a comment\r\n"
@@ -54,3 +54,22 @@ def test_a_line_or_an_event_over_the_limit_raises_and_holds_no_more() -> None:
     for _ in range(10):  # small events, each ended: nothing is held between them
         assert reader.feed(b"data: " + b"z" * 30 + b"\n\n") == [b"z" * 30]
         assert reader.held == 0
+
+
+async def test_a_caller_is_admitted_while_it_has_slots_and_the_budget_has_room() -> None:
+    pool = Pool(5.0, max_per_caller=2, buffer_bytes=1 << 20)
+    try:
+        assert pool.admit("alice") is None and pool.admit("alice") is None
+        refusal = pool.admit("alice")
+        assert refusal is not None and refusal.http_status == 429
+        assert refusal.headers == {"Retry-After": "1"}
+        assert pool.admit("bob") is None
+        pool.release("alice")
+        held = (1 << 20) - READ_SIZE + 1
+        assert pool.buffer.take(held)  # less than one read left
+        refusal = pool.admit("alice")
+        assert refusal is not None and "answer bytes" in refusal.message
+        pool.buffer.give(held)
+        assert pool.admit("alice") is None
+    finally:
+        await pool.close()

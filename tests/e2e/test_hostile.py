@@ -257,6 +257,24 @@ async def test_the_default_limits_are_like_nginxs(
         await harness.stop()
 
 
+async def test_an_endless_trailer_field_is_cut_off(limited: HubHarness) -> None:
+    """The parser gathers a trailer field whole before it reports it: past what a request
+    may send after its head (twice --max-body-bytes and a little), the hub hangs up."""
+    _, writer = await asyncio.open_connection("127.0.0.1", port_of(limited))
+    sent = 0
+    try:
+        writer.write(post_head("Transfer-Encoding: chunked") + b"1\r\n{\r\n0\r\nX-T: ")
+        for _ in range(64):
+            writer.write(b"v" * (1 << 20))
+            await writer.drain()
+            sent += 1
+    except ConnectionError:
+        pass
+    finally:
+        writer.close()
+    assert sent < 16, f"the hub read {sent} MiB of one trailer field"
+
+
 async def test_sixty_mib_of_headers_on_twenty_connections_cost_the_hub_little(
     nats_url: str, bucket: str, tmp_path: Path
 ) -> None:
