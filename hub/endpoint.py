@@ -27,7 +27,7 @@ from hub.connection import WholeResponse, connection_of
 from hub.cors import is_preflight, preflight_headers
 from hub.cors import response_headers as cors_response_headers
 from hub.forwarding import TrustedProxies
-from hub.headers import header_map
+from hub.headers import encode_headers, header_map
 from hub.metrics import Metrics
 from hub.protocol import (
     METHODS,
@@ -161,14 +161,12 @@ class McpEndpoint:
         return answer if isinstance(answer, ListenStream) else _ok(request.method, answer, cors)
 
     def _outgoing(self, scope: Scope, head: RawHeaders, identity: Identity) -> Outgoing:
-        """The head to send upstream and the caller to count the request against: the
-        principal with authentication, else the client's address."""
+        """The head to send upstream and the caller to count the request against."""
         client = scope.get("client")
-        peer = client[0] if client else None
-        headers = forwarding.request_headers(head, peer, scope["scheme"], self.trusted)
-        if self.hub.authenticator is not None:
-            return Outgoing(headers, identity.principal)
-        return Outgoing(headers, forwarding.caller_address(head, peer, self.trusted))
+        headers = forwarding.request_headers(
+            head, client[0] if client else None, scope["scheme"], self.trusted
+        )
+        return Outgoing(headers, caller_of(self.hub, identity, scope, self.trusted))
 
     async def _discover_upstream(
         self, outgoing: Outgoing, body: bytes, request: Request, cors: RawHeaders
@@ -248,7 +246,7 @@ class McpEndpoint:
         if method != "POST":  # H2
             if is_preflight(method, headers):
                 allowed = preflight_headers(origin, self.cors_origins)
-                return Reply(204 if allowed else 403, b"", _encode_headers(allowed), "preflight")
+                return Reply(204 if allowed else 403, b"", encode_headers(allowed), "preflight")
             return Reply(405, b"", [(b"allow", b"POST"), *cors], "405")
         if origin is not None and not self.config.origin_allowed(origin):  # H4
             err = jsonrpc.RpcError(jsonrpc.INVALID_REQUEST, "Origin not allowed", http_status=403)
@@ -310,7 +308,7 @@ class McpEndpoint:
         return None if answer is None else _ok("tasks/get", answer, cors)
 
     def _cors(self, origin: str) -> RawHeaders:
-        return _encode_headers(cors_response_headers(origin, self.cors_origins))
+        return encode_headers(cors_response_headers(origin, self.cors_origins))
 
     async def _reply(self, scope: Scope, send: Send, reply: Reply) -> None:
         self.hub.metrics.requests.inc(1, reply.method, reply.outcome)
@@ -344,6 +342,16 @@ def authenticate(
     return authenticator.authenticate(credentials[0])
 
 
+def caller_of(hub: Hub, identity: Identity, scope: Scope, trusted: TrustedProxies) -> str:
+    """Whose share of the front door a request takes (`--max-forwards-per-caller`): the
+    principal with authentication, else the client's address (behind `trusted` proxies,
+    the one they vouch for)."""
+    if hub.authenticator is not None:
+        return identity.principal
+    client = scope.get("client")
+    return forwarding.caller_address(scope["headers"], client[0] if client else None, trusted)
+
+
 async def respond(scope: Scope, send: Send, status: int, body: bytes, headers: RawHeaders) -> None:
     """A complete response: in one write where the connection allows (hub/connection.py)."""
     connection = connection_of(scope)
@@ -366,7 +374,7 @@ def _error(
     method: str = "-",
     outcome: str | None = None,
 ) -> Reply:
-    headers = [JSON, *_encode_headers(err.headers), *extra]
+    headers = [JSON, *encode_headers(err.headers), *extra]
     body = jsonrpc.encode_error(request_id, err)
     return Reply(err.http_status, body, headers, outcome or str(err.code), method)
 
@@ -381,10 +389,6 @@ def _body_refused(exc: BodyError, cors: RawHeaders) -> Reply:
 
 def _too_large(limit: int) -> BodyError:
     return BodyError(413, f"Request body larger than {limit} bytes")
-
-
-def _encode_headers(headers: dict[str, str]) -> RawHeaders:
-    return [(k.lower().encode(), v.encode("latin-1")) for k, v in headers.items()]
 
 
 def _method_label(method: str | None) -> str:

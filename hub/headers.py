@@ -9,7 +9,7 @@ from __future__ import annotations
 import base64
 import binascii
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from hub.jsonrpc import RpcError, header_mismatch
 
@@ -29,6 +29,11 @@ def header_map(raw: Iterable[tuple[bytes, bytes]]) -> dict[str, str]:
         if key not in headers:
             headers[key] = value.decode("latin-1")
     return headers
+
+
+def encode_headers(headers: Mapping[str, str]) -> list[tuple[bytes, bytes]]:
+    """Headers given by name (an `RpcError`'s, CORS's) as raw ASGI headers."""
+    return [(k.lower().encode(), v.encode("latin-1")) for k, v in headers.items()]
 
 
 def is_plain_safe(value: str) -> bool:

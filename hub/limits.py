@@ -58,20 +58,22 @@ class PollLimiter:
 
 
 class StreamLimiter:
-    """Counts open listen streams per principal and in total."""
+    """Counts what each caller holds open (listen streams; forwarded requests in flight)
+    per principal and in total."""
 
-    def __init__(self, max_total: int, max_per_principal: int) -> None:
+    def __init__(self, max_total: int, max_per_principal: int, what: str = "open streams") -> None:
         self.max_total = max_total
         self.max_per_principal = max_per_principal
+        self.what = what  # named in the refusals
         self.total = 0
         self._by_principal: defaultdict[str, int] = defaultdict(int)
 
     def acquire(self, principal: str) -> str | None:
         """Take a slot; returns why not (a message for the caller) when full."""
         if self.total >= self.max_total:
-            return f"the hub has reached its limit of {self.max_total} open streams"
+            return f"the hub has reached its limit of {self.max_total} {self.what}"
         if self._by_principal[principal] >= self.max_per_principal:
-            return f"limit of {self.max_per_principal} open streams per caller reached"
+            return f"limit of {self.max_per_principal} {self.what} per caller reached"
         self.total += 1
         self._by_principal[principal] += 1
         return None
@@ -84,29 +86,6 @@ class StreamLimiter:
 
     def open_for(self, principal: str) -> int:
         return self._by_principal.get(principal, 0)
-
-
-class InFlight:
-    """Counts forwarded requests in flight per caller (principal, or client address)."""
-
-    def __init__(self, max_per_caller: int) -> None:
-        self.max_per_caller = max_per_caller
-        self._by_caller: defaultdict[str, int] = defaultdict(int)
-
-    def acquire(self, caller: str) -> bool:
-        """Take a slot; False when the caller already holds every one it may."""
-        if self._by_caller[caller] >= self.max_per_caller:
-            return False
-        self._by_caller[caller] += 1
-        return True
-
-    def release(self, caller: str) -> None:
-        self._by_caller[caller] -= 1
-        if self._by_caller[caller] <= 0:
-            del self._by_caller[caller]
-
-    def held_by(self, caller: str) -> int:
-        return self._by_caller.get(caller, 0)
 
 
 class ByteBudget:

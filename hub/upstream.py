@@ -26,6 +26,7 @@ import asyncio
 import contextlib
 import logging
 import re
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -38,8 +39,9 @@ from starlette.types import Receive, Send
 
 from bridge.events import DEFAULT_SERVICE
 from hub import forwarding, jsonrpc
+from hub.headers import encode_headers
 from hub.httpx2_internals import guard, guard_of, stray_after_end
-from hub.limits import ByteBudget, InFlight
+from hub.limits import ByteBudget, StreamLimiter
 from hub.metrics import Metrics
 
 log = logging.getLogger("taskhub.upstream")
@@ -52,6 +54,8 @@ POOL_KEEPALIVE = 64  # idle connections kept for reuse
 # after 5 s, gunicorn after 2 s; httpx's default is also 5 s). Reusing one that the upstream
 # is closing at that moment fails the request with a reset (a 502 to the client).
 POOL_KEEPALIVE_EXPIRY = 1.0  # seconds
+# What breaks an answer while it is read: the connection, or its content coding.
+BROKEN = (httpx.TransportError, httpx.DecodingError)
 SEND_SLICE = 256 << 10  # a whole answer goes to the client in writes of this size
 READ_SIZE = 64 << 10  # what httpcore2 reads at once: less free in the budget is none
 
@@ -109,7 +113,8 @@ class Pool:
         buffer_bytes: int = 256 << 20,
     ) -> None:
         self.timeout = timeout
-        self.in_flight = InFlight(max_per_caller)
+        # No total beyond the pool's own: one caller's share is the limit here.
+        self.in_flight = StreamLimiter(sys.maxsize, max_per_caller, "forwarded requests in flight")
         self.buffer = ByteBudget(buffer_bytes)
         self.client = httpx.AsyncClient(
             # Connect and pool waits are bounded here; the answer's head (and a JSON body)
@@ -132,12 +137,8 @@ class Pool:
             return jsonrpc.rate_limited(
                 "the hub holds as many upstream answer bytes as it may; retry shortly", "1"
             )
-        if self.in_flight.acquire(caller):
-            return None
-        limit = self.in_flight.max_per_caller
-        return jsonrpc.rate_limited(
-            f"limit of {limit} forwarded requests in flight per caller reached", "1"
-        )
+        refusal = self.in_flight.acquire(caller)
+        return None if refusal is None else jsonrpc.rate_limited(refusal, "1")
 
     def release(self, caller: str) -> None:
         self.in_flight.release(caller)
@@ -341,10 +342,8 @@ class Upstream:
         try:
             async for chunk in response.aiter_bytes():  # decoded: content-encoding is dropped
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
-        except httpx.TransportError as exc:
-            return self._failed(502, "reset", f"stream cut off ({_reason(exc)})")
-        except httpx.DecodingError as exc:
-            return self._failed(502, "invalid", f"undecodable answer ({_reason(exc)})")
+        except BROKEN as exc:
+            return self._broken(exc, "stream cut off")
         return self._overrun(response)
 
     async def _read_body(self, response: httpx.Response) -> bytes:
@@ -373,17 +372,13 @@ class Upstream:
             overrun = self._overrun(response)
             if overrun is not None:
                 raise overrun
-        except TimeoutError:
+        except BaseException as exc:
             self.pool.buffer.give(size)
-            raise self._failed(504, "timeout", f"answer not complete within {timeout:g}s") from None
-        except httpx.TransportError as exc:
-            self.pool.buffer.give(size)
-            raise self._failed(502, "reset", f"connection lost ({_reason(exc)})") from None
-        except httpx.DecodingError as exc:
-            self.pool.buffer.give(size)
-            raise self._failed(502, "invalid", f"undecodable answer ({_reason(exc)})") from None
-        except UpstreamError:
-            self.pool.buffer.give(size)
+            if isinstance(exc, TimeoutError):
+                message = f"answer not complete within {timeout:g}s"
+                raise self._failed(504, "timeout", message) from None
+            if isinstance(exc, BROKEN):
+                raise self._broken(exc, "connection lost") from None
             raise
         return b"".join(chunks)
 
@@ -407,10 +402,10 @@ class Upstream:
                         message = _json_message(data)
                         if message is not None and _answers(message, request_id):
                             return message
-                    grown = events.held - held
-                    if grown > 0 and not self.pool.buffer.take(grown):
+                    self.pool.buffer.give(held)  # held anew: what the reader holds now
+                    held = 0
+                    if not self.pool.buffer.take(events.held):
                         raise self._overloaded()
-                    self.pool.buffer.give(max(0, -grown))
                     held = events.held
         except EventTooLarge:
             raise self._failed(
@@ -418,10 +413,8 @@ class Upstream:
             ) from None
         except TimeoutError:
             raise self._failed(504, "timeout", "no answer on the stream in time") from None
-        except httpx.TransportError as exc:
-            raise self._failed(502, "reset", f"stream cut off ({_reason(exc)})") from None
-        except httpx.DecodingError as exc:
-            raise self._failed(502, "invalid", f"undecodable answer ({_reason(exc)})") from None
+        except BROKEN as exc:
+            raise self._broken(exc, "stream cut off") from None
         finally:
             self.pool.buffer.give(held)
         raise self._overrun(response) or self._failed(
@@ -450,6 +443,12 @@ class Upstream:
             "invalid",
             f"answered HTTP {response.status_code} with {kind} that is no JSON-RPC message",
         )
+
+    def _broken(self, exc: Exception, what: str) -> UpstreamError:
+        """An answer broken while it was read: undecodable (`invalid`), or cut off."""
+        if isinstance(exc, httpx.DecodingError):
+            return self._failed(502, "invalid", f"undecodable answer ({_reason(exc)})")
+        return self._failed(502, "reset", f"{what} ({_reason(exc)})")
 
     def _overloaded(self) -> UpstreamError:
         """The hub holds as many answer bytes as it may: not the upstream's fault, so its
@@ -481,7 +480,7 @@ class Upstream:
 
 async def _send_whole(send: Send, status: int, body: bytes, err: jsonrpc.RpcError) -> None:
     headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
-    headers += [(k.lower().encode(), v.encode("latin-1")) for k, v in err.headers.items()]
+    headers += encode_headers(err.headers)
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
 

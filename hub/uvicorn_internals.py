@@ -183,6 +183,12 @@ def _response(
     return b"".join(parts), keep_alive
 
 
+# The head of a refused request's answer; it says close, so the connection ends with it.
+_REFUSAL_HEADERS = HeaderBlock(
+    [(b"content-type", b"text/plain; charset=utf-8"), (b"connection", b"close")]
+)
+
+
 def streaming_head(default_headers: RawHeaders, status: int, headers: RawHeaders) -> bytes:
     """The head of a chunked streaming response as uvicorn's `send` writes it for
     `http.response.start` with neither Content-Length nor Transfer-Encoding."""
@@ -415,11 +421,14 @@ class Protocol(HttpToolsProtocol):
             cycle.keep_alive = False
             self.flow.pause_reading()
             return
-        body = refusal.message.encode("ascii")
-        head = [STATUS_LINE[refusal.status], HeaderBlock(self.server_state.default_headers).lines]
-        head.append(b"content-type: text/plain; charset=utf-8\r\nconnection: close\r\n")
-        head.append(b"content-length: %d\r\n\r\n" % len(body))
-        self.transport.write(b"".join(head) + body)
+        data, _ = _response(
+            HeaderBlock(self.server_state.default_headers),
+            refusal.status,
+            _REFUSAL_HEADERS,
+            refusal.message.encode("ascii"),
+            keep_alive=False,
+        )
+        self.transport.write(data)
         self.loop.call_later(LINGER_S, self.transport.abort)
 
     def on_message_begin(self) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from hub.limits import ByteBudget, InFlight, PollLimiter, StreamLimiter, retry_after
+from hub.limits import ByteBudget, PollLimiter, StreamLimiter, retry_after
 
 
 def test_a_burst_is_admitted_then_polls_are_paced_by_the_interval() -> None:
@@ -64,16 +64,17 @@ def test_retry_after_is_whole_seconds(seconds: float, header: str) -> None:
 
 
 def test_forwards_in_flight_are_counted_per_caller() -> None:
-    in_flight = InFlight(max_per_caller=2)
-    assert in_flight.acquire("alice") and in_flight.acquire("alice")
-    assert not in_flight.acquire("alice")  # refused: nothing taken
-    assert in_flight.acquire("bob")
+    in_flight = StreamLimiter(10, max_per_principal=2, what="forwarded requests in flight")
+    assert in_flight.acquire("alice") is None and in_flight.acquire("alice") is None
+    refusal = in_flight.acquire("alice")  # refused: nothing taken
+    assert refusal == "limit of 2 forwarded requests in flight per caller reached"
+    assert in_flight.acquire("bob") is None
     in_flight.release("alice")
-    assert in_flight.held_by("alice") == 1 and in_flight.acquire("alice")
+    assert in_flight.open_for("alice") == 1 and in_flight.acquire("alice") is None
     for _ in range(2):
         in_flight.release("alice")
     in_flight.release("bob")
-    assert in_flight.held_by("alice") == in_flight.held_by("bob") == 0
+    assert in_flight.open_for("alice") == in_flight.open_for("bob") == 0
 
 
 def test_the_byte_budget_never_holds_more_than_its_limit() -> None:

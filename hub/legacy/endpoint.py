@@ -31,10 +31,10 @@ from hub import jsonrpc
 from hub.auth import AuthError, Identity
 from hub.cors import is_preflight, preflight_headers
 from hub.cors import response_headers as cors_response_headers
-from hub.endpoint import BodyError, authenticate, read_body
-from hub.forwarding import TrustedProxies, caller_address
+from hub.endpoint import BodyError, authenticate, caller_of, read_body
+from hub.forwarding import TrustedProxies
 from hub.handlers import find_task
-from hub.headers import encode_header_value, header_map
+from hub.headers import encode_header_value, encode_headers, header_map
 from hub.legacy import methods
 from hub.legacy.notifications import status_stream
 from hub.legacy.results import parse_input_request_id, stream_result
@@ -101,7 +101,7 @@ class LegacyEndpoint:
         if method not in ("POST", "GET", "DELETE"):
             if is_preflight(method, headers):
                 allowed = preflight_headers(origin, self.cors_origins)
-                encoded = [(k.lower().encode(), v.encode("latin-1")) for k, v in allowed.items()]
+                encoded = encode_headers(allowed)
                 await _respond(send, 204 if allowed else 403, b"", encoded)
                 return
             await _respond(send, 405, b"", [(b"allow", b"POST, GET, DELETE"), *cors])
@@ -134,7 +134,7 @@ class LegacyEndpoint:
             message = _message(body)
             request_id = message.get("id")
             label = _label(message.get("method"))
-            caller = self._caller(scope, identity)
+            caller = caller_of(self.hub, identity, scope, self.trusted)
             await self._post(message, headers, identity, caller, receive, send, cors)
         except Refusal as exc:
             outcome = str(exc.status)
@@ -148,9 +148,9 @@ class LegacyEndpoint:
             await _respond(send, exc.status, body, [JSON, *close, *cors])
         except jsonrpc.RpcError as err:
             outcome = str(err.code)
-            extra = [(k.lower().encode(), v.encode("latin-1")) for k, v in err.headers.items()]
+            error = jsonrpc.encode_error(request_id, err)
             await _respond(
-                send, err.http_status, jsonrpc.encode_error(request_id, err), [JSON, *extra, *cors]
+                send, err.http_status, error, [JSON, *encode_headers(err.headers), *cors]
             )
         except SessionUnavailable as exc:
             outcome = "503"
@@ -160,14 +160,6 @@ class LegacyEndpoint:
             self.hub.metrics.requests.inc(1, label, outcome)
 
     # -- admission -----------------------------------------------------------------------
-
-    def _caller(self, scope: Scope, identity: Identity) -> str:
-        """Whose requests in flight a forwarded one counts against: the principal with
-        authentication, else the client's address."""
-        if self.hub.authenticator is not None:
-            return identity.principal
-        client = scope.get("client")
-        return caller_address(scope["headers"], client[0] if client else None, self.trusted)
 
     def _admit(self, headers: Mapping[str, str], origin: str | None, method: str) -> Identity:
         if origin is not None and not self.config.origin_allowed(origin):
@@ -394,7 +386,7 @@ class LegacyEndpoint:
 
     def _cors(self, origin: str) -> RawHeaders:
         allowed = cors_response_headers(origin, self.cors_origins)
-        return [(k.lower().encode(), v.encode("latin-1")) for k, v in allowed.items()]
+        return encode_headers(allowed)
 
 
 # The request metric's labels for the door: its own methods, the rest under one label.
