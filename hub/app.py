@@ -102,7 +102,7 @@ def create_app(config: Config, nats_url: str, hub: Hub | None = None) -> HubApp:
         "/mcp": McpEndpoint(hub),
         "/legacy/mcp": LegacyEndpoint(hub, sessions, None, "/mcp"),
     }
-    pool = None  # only a front door needs the HTTP client (making one costs ~90 ms: its TLS)
+    pool = None  # only a front door needs the HTTP client (making one is slow: its TLS)
     if config.upstreams:
         pool = Pool(
             config.upstream_timeout,

@@ -8,8 +8,8 @@ hub makes a new one from the last stream sequence it applied (hub/nats_source.py
 The consumer delivers to the one inbox of a connection of its own, whose parser cuts each
 frame and hands it here as it is read (hub/frame_cutter.py), as the first read does. On
 nats-py's subscription path every message also cost a `Msg`, its headers parsed into a
-dict, a queue and a task wake-up: 50–80 µs of CPU per revision in place, between the
-fan-out's writes (docs/architecture.md, "Watch and catch-up").
+dict, a queue and a task wake-up, between the fan-out's writes (docs/architecture.md,
+"Watch and catch-up"; the cost in docs/scaling.md, "Costs the code is shaped by").
 
 What arrives on the inbox:
 

@@ -59,7 +59,7 @@ class HubServer(uvicorn.Server):
     async def main_loop(self) -> None:
         """uvicorn's, woken once a second for its date header or at once by a stop, not
         every 100 ms: an idle hub woke ten times a second for nothing, each a loop pass
-        and a cold start of the code it ran (1.5 ms of CPU a second, together)."""
+        and a cold start of the code it ran."""
         self._stop_asked = asyncio.Event()
         counter = 0
         while not await self.on_tick(counter):

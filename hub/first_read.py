@@ -2,9 +2,9 @@
 
 A hub that starts with nothing cached (no checkpoint, or the bucket made anew) reads one
 message per task: a million at a million tasks. Through nats-py's subscription path each
-message costs about 9 µs of the hub's CPU before the hub even looks at it (the protocol
-parser's regular expressions, a `Msg`, a queue and a task wake-up per message), which alone
-is most of the ten seconds a replica may take to be ready. So the first read runs apart:
+message costs the hub CPU before the hub even looks at it (the protocol parser's regular
+expressions, a `Msg`, a queue and a task wake-up per message), which alone was most of the
+ten seconds a replica may take to be ready. So the first read runs apart:
 
 - a pull consumer made by the main connection: the last value of every key, in stream
   order, no acknowledgements;

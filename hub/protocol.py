@@ -352,7 +352,7 @@ def _strings(value: Any, field: str) -> tuple[str, ...]:
     return tuple(dict.fromkeys(value))
 
 
-@functools.lru_cache(maxsize=256)  # a client sends the same Accept every time: ~2 µs each
+@functools.lru_cache(maxsize=256)  # a client sends the same Accept every time: read it once
 def _accepts_event_stream(accept: str | None) -> bool:
     """D21 (hub choice): refuse only an Accept that lists media ranges, none of them SSE.
 
