@@ -35,6 +35,7 @@ from tests.helpers import (
     new_task_id,
     rpc,
     start_hub,
+    start_served_hub,
 )
 from tests.tokens import jwt, public_jwk
 
@@ -317,3 +318,32 @@ async def test_a_stream_ends_with_its_completion_result_when_the_token_expires(
         await secured.harness.client.get(secured.harness.url + "/metrics", headers=operator)
     ).text
     assert f'taskhub_streams_closed_total{{reason="token_expired"}} {before + 1:g}' in text
+
+
+async def test_metrics_need_an_operators_token_on_a_hub_with_authentication(
+    nats_url: str, bucket: str, tmp_path: Path
+) -> None:
+    secret = "s" * 32
+    harness = await start_served_hub(nats_url, bucket, tmp_path, jwt_secret=secret)
+    try:
+        url, client = harness.url + "/metrics", harness.client
+        assert (await client.get(url)).status_code == 401
+        plain = {"Authorization": f"Bearer {mint_token(secret, 'alice')}"}
+        assert (await client.get(url, headers=plain)).status_code == 403
+        olga = mint_token(secret, "olga", scope="taskhub:operator")
+        answer = await client.get(url, headers={"Authorization": f"Bearer {olga}"})
+        assert answer.status_code == 200 and "taskhub_requests_total" in answer.text
+    finally:
+        await harness.stop()
+
+
+async def test_public_metrics_serves_them_to_a_scraper_without_a_token(
+    nats_url: str, bucket: str, tmp_path: Path
+) -> None:
+    harness = await start_served_hub(
+        nats_url, bucket, tmp_path, jwt_secret="s" * 32, public_metrics=True
+    )
+    try:
+        assert (await harness.client.get(harness.url + "/metrics")).status_code == 200
+    finally:
+        await harness.stop()
