@@ -58,7 +58,7 @@ INACTIVE_CONSUMER_S = 10.0
 WATCH_CHECK_S = 0.5
 WATCH_CHECK_TIMEOUT_S = 1.0
 WATCH_STUCK_CHECKS = 3
-# So a ready hub is at most this far behind its bucket (documented in the README).
+# So a ready hub is at most this far behind its bucket (docs/production.md, the failure model).
 WATCH_STALE_BOUND_S = max(
     WATCH_CHECK_S + WATCH_CHECK_TIMEOUT_S, (WATCH_STUCK_CHECKS + 1) * WATCH_CHECK_S
 )

@@ -83,7 +83,7 @@ def test_non_loopback_without_auth_needs_an_explicit_flag(
 def test_the_readme_documents_every_option() -> None:
     from hub.config import _OPTIONS
 
-    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    readme = (Path(__file__).parent.parent / "docs" / "configuration.md").read_text()
     for flag, _, help in _OPTIONS:
         env = "TASKHUB_" + flag.upper().replace("-", "_")
         assert f"| `--{flag}` | `{env}` |" in readme and help in readme, flag

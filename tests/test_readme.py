@@ -1,5 +1,5 @@
-"""README.md against the real CLI: every `taskhub serve` flag the README names exists, and
-every flag `taskhub serve --help` lists has a row in the configuration table.
+"""README.md and docs/ against the real CLI: every `taskhub serve` flag they name exists,
+and every flag `taskhub serve --help` lists has a row in docs/configuration.md's table.
 
 The README once promised a `--send-timeout` that did not exist. Flags of other commands
 (`python -m bench --quick`, `pip install --no-deps .`, `mypy --strict`) are told apart by
@@ -18,7 +18,12 @@ import pytest
 
 from hub.cli import main
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+ROOT = Path(__file__).resolve().parent.parent
+MOVED = ("configuration", "endpoint", "bridge", "production", "performance")
+README = ROOT / "README.md"
+CONFIGURATION = ROOT / "docs" / "configuration.md"
+# The README and the pages that grew out of it: what a user reads for the commands to run.
+PAGES = [README, *(ROOT / "docs" / f"{name}.md" for name in MOVED)]
 FLAG = re.compile(r"(?<![\w-])--[a-z][a-z0-9-]*")
 FENCE = re.compile(r"^```[^\n]*\n(.*?)^```", re.MULTILINE | re.DOTALL)
 CODE_SPAN = re.compile(r"`([^`\n]+)`")
@@ -81,27 +86,29 @@ def flags_given_to(command: str, text: str) -> set[str]:
 
 def table_flags(text: str) -> list[str]:
     """The first column of the configuration table."""
-    section = text.split("\n## Configuration\n", 1)[1].split("\n## ", 1)[0]
-    return re.findall(r"^\| `(--[a-z][a-z0-9-]*)` \|", section, re.MULTILINE)
+    return re.findall(r"^\| `(--[a-z][a-z0-9-]*)` \|", text, re.MULTILINE)
 
 
-def test_every_serve_flag_the_readme_names_exists() -> None:
-    named = serve_flags_named(README.read_text())
-    assert "--send-timeout" in named and "--nats-url" in named  # prose and commands count
-    assert named - cli_flags() == set(), "the README names flags `taskhub serve` lacks"
+@pytest.mark.parametrize("page", PAGES, ids=lambda page: page.name)
+def test_every_serve_flag_the_readme_names_exists(page: Path) -> None:
+    named = serve_flags_named(page.read_text())
+    if page == README:
+        assert "--send-timeout" in named and "--nats-url" in named  # prose and commands count
+    assert named - cli_flags() == set(), f"{page.name} names flags `taskhub serve` lacks"
 
 
 @pytest.mark.parametrize("command", ["tail", "demo"])
-def test_every_flag_the_readme_gives_tail_and_demo_exists(command: str) -> None:
-    named = flags_given_to(command, README.read_text())
-    assert named - cli_flags(command) == set(), f"the README names flags `taskhub {command}` lacks"
+@pytest.mark.parametrize("page", PAGES, ids=lambda page: page.name)
+def test_every_flag_the_readme_gives_tail_and_demo_exists(command: str, page: Path) -> None:
+    named = flags_given_to(command, page.read_text())
+    assert named - cli_flags(command) == set(), f"{page.name} names flags `taskhub {command}` lacks"
 
 
 def test_the_configuration_table_lists_every_flag_once() -> None:
-    table = table_flags(README.read_text())
+    table = table_flags(CONFIGURATION.read_text())
     assert len(table) == len(set(table)), "a flag has two rows"
     flags = cli_flags()
-    assert flags - set(table) == set(), "flags missing from the README's configuration table"
+    assert flags - set(table) == set(), "flags missing from docs/configuration.md's table"
     assert set(table) - flags == set(), "table rows for flags `taskhub serve` lacks"
 
 

@@ -4,7 +4,7 @@ The hub's watch consumer lives on one NATS node, not necessarily the one the hub
 connected to. When that node is killed, nothing disconnects and nothing arrives: only the
 hub's own checks can tell. Before, a ready hub answered up to ~5.4 s stale (two missed
 checks of a 2 s call each); now it re-watches, and is not ready meanwhile, within
-`WATCH_STALE_BOUND_S` (README, "Failure model").
+`WATCH_STALE_BOUND_S` (docs/production.md, "Failure model").
 """
 
 from __future__ import annotations
