@@ -1,0 +1,1 @@
+"""A poll-only MCP Tasks server that keeps its own tasks in memory (no NATS): server.py."""
