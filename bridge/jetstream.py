@@ -40,6 +40,22 @@ async def ensure_bucket(js: Any, bucket: str, replicas: int = 1) -> None:
         await js.stream_info(kv_stream(bucket))
 
 
+async def ensure_hub_bucket(js: Any, name: str, ttl: float, replicas: int = 1) -> Any:
+    """Open a bucket of the hubs' own (history 1, entries gone `ttl` seconds after their
+    last write), made unless it exists; the KeyValue."""
+    try:
+        return await js.key_value(name)
+    except BucketNotFoundError:
+        pass
+    config = api.KeyValueConfig(
+        bucket=name, history=1, ttl=ttl, replicas=replicas, storage=api.StorageType.FILE
+    )
+    try:
+        return await js.create_key_value(config)
+    except APIError:
+        return await js.key_value(name)  # another process made it first
+
+
 async def ensure_control_stream(js: Any, replicas: int = 1) -> None:
     """Create the work-queue control stream unless it exists."""
     try:

@@ -160,17 +160,18 @@ _CARRIES = {
 }
 
 
-def check_task(task: DetailedTask) -> None:
-    """Raise InvalidEnvelope unless `task` is a well-formed DetailedTask variant."""
-    _checked_created_at(task)
+def check_task(task: DetailedTask, *, id_syntax: bool = True) -> None:
+    """Raise InvalidEnvelope unless `task` is a well-formed DetailedTask variant; an
+    upstream's own task (hub/kept_tasks.py) may name itself outside our id syntax."""
+    _checked_created_at(task, id_syntax)
 
 
-def _checked_created_at(task: DetailedTask) -> datetime:
+def _checked_created_at(task: DetailedTask, id_syntax: bool = True) -> datetime:
     """check_task, returning the createdAt it parsed.
 
     The usual case is checked here without calls (`is_task_id`, `parse_timestamp`): it runs
     for every value the hub reads, a million times in a first read at a million tasks."""
-    if TASK_ID_RE.fullmatch(task.taskId) is None:
+    if id_syntax and TASK_ID_RE.fullmatch(task.taskId) is None:
         raise InvalidEnvelope("taskId does not match [A-Za-z0-9_-]{16,128}")
     try:
         created = datetime.fromisoformat(task.createdAt)

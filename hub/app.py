@@ -111,6 +111,7 @@ def create_app(config: Config, nats_url: str, hub: Hub | None = None) -> HubApp:
         )
         for spec in config.upstreams:
             upstream = Upstream(spec, pool, hub.metrics)
+            hub.upstream_tasks.upstreams[spec.label] = upstream
             endpoints[spec.path] = McpEndpoint(hub, upstream)
             endpoints[spec.legacy_path] = LegacyEndpoint(hub, sessions, upstream, spec.path)
 

@@ -115,6 +115,10 @@ class Config:
     # flight, and answers read whole holding at most this many bytes at once (429, 503).
     max_forwards_per_caller: int = 100
     max_upstream_buffer_bytes: int = 256 << 20
+    # Tasks an upstream keeps itself (hub/upstream_tasks.py): kept until their TTL, else
+    # this long after they were last observed, and at most this many.
+    upstream_task_retention: float = 86_400.0
+    max_upstream_tasks: int = 100_000
     # Peers whose X-Forwarded-*, Forwarded and X-Real-IP the hub keeps (hub/forwarding.py).
     trusted_proxies: tuple[Network, ...] = ()
     # Who may follow which resource URIs on a listen stream (hub/fleet_events.py).
@@ -446,6 +450,17 @@ _OPTIONS: list[tuple[str, Callable[[str], Any], str]] = [
         "max-upstream-buffer-bytes",
         _positive_int,
         "bytes of upstream answers the hub holds at once, over all requests; past it 503",
+    ),
+    (
+        "upstream-task-retention",
+        _positive_float,
+        "seconds an upstream's own task is kept after it was last observed, unless its "
+        "TTL ends sooner",
+    ),
+    (
+        "max-upstream-tasks",
+        _positive_int,
+        "upstream-kept tasks the hub remembers; past it the least recently observed goes",
     ),
     (
         "trusted-proxy",

@@ -16,19 +16,21 @@ needs or the finished `Reply`, so the same code serves two entries:
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
-from typing import NamedTuple
+from collections.abc import Callable, Mapping
+from typing import Any, NamedTuple
 
 from starlette.types import Message, Receive, Scope, Send
 
 from hub import forwarding, handlers, jsonrpc
 from hub.auth import AuthError, Identity, credentials_from
+from hub.cache import TaskSnapshot
 from hub.connection import WholeResponse, connection_of
 from hub.cors import is_preflight, preflight_headers
 from hub.cors import response_headers as cors_response_headers
 from hub.forwarding import TrustedProxies
 from hub.headers import encode_headers, header_map
 from hub.metrics import Metrics
+from hub.nats_source import StoreUnavailable
 from hub.protocol import (
     METHODS,
     Forward,
@@ -40,7 +42,8 @@ from hub.protocol import (
 )
 from hub.runtime import Hub
 from hub.sse import ListenStream
-from hub.upstream import Upstream, UpstreamError
+from hub.upstream import Answer, Upstream, UpstreamError, Watch
+from hub.upstream_tasks import Caller, PassThrough
 
 # The methods answered in place when cached (by their Mcp-Method header, a hint only:
 # the app's path checks it against the body), and a missing header, which gets its error.
@@ -83,10 +86,11 @@ class Forwarding(NamedTuple):
     request_id: jsonrpc.RequestId | None
     outgoing: Outgoing
     metrics: Metrics
+    watch: Watch | None = None  # what sees a task the answer creates
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         outcome = await self.upstream.forward(
-            receive, send, self.body, self.request_id, *self.outgoing
+            receive, send, self.body, self.request_id, *self.outgoing, self.watch
         )
         self.metrics.upstream_requests.inc(1, self.upstream.spec.label, outcome)
 
@@ -150,15 +154,68 @@ class McpEndpoint:
         if isinstance(request, Forward):
             assert self.upstream is not None
             outgoing = self._outgoing(scope, head, identity)
-            return Forwarding(self.upstream, body, request.id, outgoing, self.hub.metrics)
+            watch = None
+            if request.method == "tools/call":
+                caller = self._caller(outgoing, identity, headers, None)
+                watch = self.hub.upstream_tasks.watcher(self.upstream, caller)
+            return Forwarding(self.upstream, body, request.id, outgoing, self.hub.metrics, watch)
         try:
             if request.method == "server/discover" and self.upstream is not None:
                 outgoing = self._outgoing(scope, head, identity)
                 return await self._discover_upstream(outgoing, body, request, cors)
-            answer = await self._dispatch(request, identity)
+            meta = request.params.get("_meta")
+            if request.task_id is not None and await self._upstreams_task(request.task_id):
+                outgoing = self._outgoing(scope, head, identity)
+                caller = self._caller(outgoing, identity, headers, meta)
+                return await self._upstream_task(request, body, caller, cors)
+            kept = None
+            if request.method == "subscriptions/listen" and self.config.upstreams:
+                outgoing = self._outgoing(scope, head, identity)
+                kept = KeptListen(self, self._caller(outgoing, identity, headers, meta))
+            answer = await self._dispatch(request, identity, kept)
         except jsonrpc.RpcError as err:
             return _error(request.id, err, cors, request.method)
+        except PassThrough as passed:
+            return _passed(passed.answer, cors, request.method)
         return answer if isinstance(answer, ListenStream) else _ok(request.method, answer, cors)
+
+    # -- tasks an upstream keeps (hub/upstream_tasks.py) ----------------------------------
+
+    async def _upstreams_task(self, task_id: str) -> bool:
+        """Whether the task is one an upstream keeps: never one the snapshot holds; one the
+        hub recorded; or, at an upstream's endpoint, any the store does not hold."""
+        hub = self.hub
+        if hub.cache.get(task_id) is not None or not self.config.upstreams:
+            return False
+        if hub.upstream_tasks.holds(task_id):
+            return True
+        if self.upstream is None:
+            return False
+        try:
+            return await hub.source.read_through(task_id) is None
+        except StoreUnavailable:
+            return False  # the snapshot's path answers: the store is away
+
+    def _caller(
+        self, outgoing: Outgoing, identity: Identity, headers: Mapping[str, str], meta: Any
+    ) -> Caller:
+        credential = self.hub.upstream_tasks.credential(headers)
+        meta = meta if isinstance(meta, dict) else {}
+        return Caller(identity, credential, outgoing.headers, outgoing.caller, meta)
+
+    async def _upstream_task(
+        self, request: Request, body: bytes, caller: Caller, cors: RawHeaders
+    ) -> Reply:
+        assert request.task_id is not None
+        tasks = self.hub.upstream_tasks
+        if request.method == "tasks/get":
+            kept = tasks.kept.get(request.task_id)
+            snapshot = None if kept is None else kept.snapshot
+            handlers.pace_poll(self.hub, caller.identity.principal, request.task_id, snapshot)
+            snapshot = await tasks.get(request.task_id, caller, self.upstream)
+            return _ok(request.method, handlers.get_result(request.id, snapshot), cors)
+        answer = await tasks.steer(request.task_id, body, request.id, caller, self.upstream)
+        return _passed(answer, cors, request.method)
 
     def _outgoing(self, scope: Scope, head: RawHeaders, identity: Identity) -> Outgoing:
         """The head to send upstream and the caller to count the request against."""
@@ -174,7 +231,7 @@ class McpEndpoint:
         """The upstream's own discover result, with the hub's capabilities merged in."""
         assert self.upstream is not None
         try:
-            status, headers, payload = await self.upstream.call(body, *outgoing)
+            answer = await self.upstream.ask(body, *outgoing, request.id)
         except UpstreamError as exc:
             self.hub.metrics.upstream_requests.inc(1, self.upstream.spec.label, exc.fault)
             raise exc.rpc_error(self.upstream.spec.label) from None
@@ -182,9 +239,11 @@ class McpEndpoint:
             self.hub.metrics.upstream_requests.inc(1, self.upstream.spec.label, "limited")
             raise
         self.hub.metrics.upstream_requests.inc(1, self.upstream.spec.label, "ok")
-        answer = handlers.merge_discover(payload)
-        kept = [(k, v) for k, v in headers if k != b"content-type"]
-        return Reply(status, answer, [JSON, *kept, *cors], "ok", request.method)
+        if answer.message is None:  # a 4xx without a JSON-RPC body: as it came
+            return _passed(answer, cors, request.method)
+        merged = handlers.merge_discover(answer.message)
+        kept = [(k, v) for k, v in answer.headers if k != b"content-type"]
+        return Reply(answer.status, merged, [JSON, *kept, *cors], "ok", request.method)
 
     def answer_now(self, headers: Mapping[str, str], body: bytes) -> Reply | ListenStream | None:
         """The reply to a whole `POST` request (`headers` by lower-case name), or the
@@ -210,7 +269,7 @@ class McpEndpoint:
             return _body_refused(_too_large(self.config.max_body_bytes), cors)
         plain = plain_tasks_get(headers, body)
         if plain is not None:  # a poll: the common case, read in one pass
-            reply = self._get_now(*plain, identity, cors)
+            reply = self._get_now(*plain, identity, cors, headers)
             if reply is not None:
                 return reply
         request = self._parse(headers, body, cors)
@@ -270,7 +329,9 @@ class McpEndpoint:
             return Reply(202, b"", cors, "accepted", "notification")
         return message  # a Request, or a Forward
 
-    async def _dispatch(self, request: Request, identity: Identity) -> bytes | ListenStream:
+    async def _dispatch(
+        self, request: Request, identity: Identity, kept: KeptListen | None = None
+    ) -> bytes | ListenStream:
         hub, principal = self.hub, identity.principal
         if request.method == "server/discover":
             return handlers.discover(request)
@@ -282,7 +343,7 @@ class McpEndpoint:
             return await handlers.tasks_cancel(hub, request, principal)
         if request.method == "subscriptions/listen":
             service = None if self.upstream is None else self.upstream.spec.label
-            return await handlers.subscriptions_listen(hub, request, identity, service)
+            return await handlers.subscriptions_listen(hub, request, identity, service, kept)
         raise jsonrpc.method_not_found(request.method)
 
     def _dispatch_now(self, request: Request, identity: Identity) -> bytes | ListenStream | None:
@@ -299,13 +360,36 @@ class McpEndpoint:
         return None
 
     def _get_now(
-        self, request_id: jsonrpc.RequestId, task_id: str, identity: Identity, cors: RawHeaders
+        self,
+        request_id: jsonrpc.RequestId,
+        task_id: str,
+        identity: Identity,
+        cors: RawHeaders,
+        headers: Mapping[str, str],
     ) -> Reply | None:
         try:
             answer = handlers.tasks_get_cached(self.hub, request_id, task_id, identity.principal)
+            if answer is None and self.config.upstreams:
+                answer = self._kept_get_now(request_id, task_id, identity, headers)
         except jsonrpc.RpcError as err:
             return _error(request_id, err, cors, "tasks/get")
         return None if answer is None else _ok("tasks/get", answer, cors)
+
+    def _kept_get_now(
+        self,
+        request_id: jsonrpc.RequestId,
+        task_id: str,
+        identity: Identity,
+        headers: Mapping[str, str],
+    ) -> bytes | None:
+        """An upstream's task, when its cached state is fresh and the caller's to read."""
+        if self.hub.cache.get(task_id) is not None:
+            return None
+        snapshot = self.hub.upstream_tasks.cached(task_id, identity, headers)
+        if snapshot is None:
+            return None
+        handlers.pace_poll(self.hub, identity.principal, task_id, snapshot)
+        return handlers.get_result(request_id, snapshot)
 
     def _cors(self, origin: str) -> RawHeaders:
         return encode_headers(cors_response_headers(origin, self.cors_origins))
@@ -377,6 +461,32 @@ def _error(
     headers = [JSON, *encode_headers(err.headers), *extra]
     body = jsonrpc.encode_error(request_id, err)
     return Reply(err.http_status, body, headers, outcome or str(err.code), method)
+
+
+def _passed(answer: Answer, cors: RawHeaders, method: str) -> Reply:
+    """An upstream's answer as it came (its status, head and body)."""
+    return Reply(answer.status, answer.body, [*answer.headers, *cors], str(answer.status), method)
+
+
+class KeptListen:
+    """A listen stream's access to the tasks upstreams keep (handlers.subscriptions_listen):
+    grant one the caller may follow, and have the hub poll it on the caller's behalf."""
+
+    def __init__(self, endpoint: McpEndpoint, caller: Caller) -> None:
+        self.endpoint = endpoint
+        self.caller = caller
+
+    async def grant(self, task_id: str) -> TaskSnapshot | None:
+        endpoint = self.endpoint
+        if not await endpoint._upstreams_task(task_id):
+            return None
+        try:
+            return await endpoint.hub.upstream_tasks.get(task_id, self.caller, endpoint.upstream)
+        except (jsonrpc.RpcError, PassThrough):
+            return None
+
+    def follow(self, task_id: str) -> Callable[[], None]:
+        return self.endpoint.hub.upstream_tasks.follow(task_id, self.caller)
 
 
 def _body_refused(exc: BodyError, cors: RawHeaders) -> Reply:

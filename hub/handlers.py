@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import msgspec
 
@@ -100,10 +100,10 @@ async def tasks_get(hub: Hub, request: Request, principal: str) -> bytes:
     """`tasks/get` (H37–H42) from the snapshot, read through to NATS on a miss."""
     assert request.task_id is not None
     snapshot = await find_task(hub, request.task_id, principal)
-    _pace_poll(hub, principal, request.task_id, snapshot)
+    pace_poll(hub, principal, request.task_id, snapshot)
     if snapshot is None:
         raise jsonrpc.task_not_found()
-    return _get_result(request.id, snapshot)
+    return get_result(request.id, snapshot)
 
 
 def tasks_get_cached(
@@ -114,17 +114,17 @@ def tasks_get_cached(
     snapshot = hub.cache.get(task_id)
     if snapshot is None or snapshot.owner != principal:
         return None
-    _pace_poll(hub, principal, task_id, snapshot)
-    return _get_result(request_id, snapshot)
+    pace_poll(hub, principal, task_id, snapshot)
+    return get_result(request_id, snapshot)
 
 
-def _get_result(request_id: jsonrpc.RequestId, snapshot: TaskSnapshot) -> bytes:
+def get_result(request_id: jsonrpc.RequestId, snapshot: TaskSnapshot) -> bytes:
     # One join (not four concatenations); the task's closing brace closes the result.
     request = (b'{"jsonrpc":"2.0","id":', jsonrpc.encode_id(request_id), _GET_RESULT_HEAD)
     return b"".join((*request, snapshot.body[1:], b"}"))
 
 
-def _pace_poll(hub: Hub, principal: str, task_id: str, snapshot: TaskSnapshot | None) -> None:
+def pace_poll(hub: Hub, principal: str, task_id: str, snapshot: TaskSnapshot | None) -> None:
     """429 for a caller polling one task faster than its pollIntervalMs (D20).
 
     Unknown and foreign tasks are paced too, at the default interval, so the answer
@@ -229,30 +229,52 @@ async def _forward(hub: Hub, snapshot: TaskSnapshot, data: bytes, request: Reque
         raise jsonrpc.internal_error(str(exc)) from exc
 
 
+class UpstreamKept(Protocol):
+    """A listen stream's access to the tasks upstreams keep (hub/endpoint.py's KeptListen)."""
+
+    async def grant(self, task_id: str) -> TaskSnapshot | None: ...
+
+    def follow(self, task_id: str) -> Callable[[], None]: ...
+
+
 async def subscriptions_listen(
-    hub: Hub, request: Request, identity: Identity, service: str | None = None
+    hub: Hub,
+    request: Request,
+    identity: Identity,
+    service: str | None = None,
+    kept: UpstreamKept | None = None,
 ) -> ListenStream:
     """`subscriptions/listen` (H55–H65, D16–D18).
 
     Follow the requested tasks *before* reading their state, so a change landing in
     between is queued rather than lost (D17); the ack then names the granted
     subset and the current states follow it. At an upstream's endpoint (`service`), the
-    fleet event filters are granted too (docs/fleet-events.md).
+    fleet event filters are granted too (docs/fleet-events.md). A task the snapshot does
+    not hold may be one an upstream keeps (`kept`): granted, and polled while followed.
     """
     principal = identity.principal
     _check_listen_limits(hub, request)
     subscriber, events, release = _subscribe(hub, request, principal, service)
+    unfollows: list[Callable[[], None]] = []
     try:
         granted: list[str] = []
         for task_id in request.task_ids or ():
             snapshot = await find_task(hub, task_id, principal)
+            if snapshot is None and kept is not None:
+                snapshot = await kept.grant(task_id)
+                if snapshot is not None and not snapshot.terminal:
+                    unfollows.append(kept.follow(task_id))
             if snapshot is not None:
                 granted.append(task_id)
                 subscriber.offer(snapshot)
         _follow_granted(hub, subscriber, granted)
     except BaseException:
         release(subscriber)
+        for unfollow in unfollows:
+            unfollow()
         raise
+    if unfollows:
+        release = _also(release, unfollows)
     return _listen_stream(hub, request, identity, subscriber, granted, events, release)
 
 
@@ -278,6 +300,17 @@ def subscriptions_listen_cached(
     except BaseException:  # nothing left behind for the app's path, which then answers
         release(subscriber)
         raise
+
+
+def _also(
+    release: Callable[[Subscriber], None], unfollows: list[Callable[[], None]]
+) -> Callable[[Subscriber], None]:
+    def release_all(subscriber: Subscriber) -> None:
+        release(subscriber)
+        for unfollow in unfollows:
+            unfollow()
+
+    return release_all
 
 
 def _check_listen_limits(hub: Hub, request: Request) -> None:

@@ -21,6 +21,7 @@ from hub.fleet_view import FLEET_EVERY_S, FleetView
 from hub.limits import PollLimiter, StreamLimiter
 from hub.metrics import Metrics
 from hub.nats_source import NatsSource
+from hub.upstream_tasks import UpstreamTasks
 from hub.watcher import Watcher, sse_event
 
 log = logging.getLogger("taskhub")
@@ -67,6 +68,18 @@ class Hub:
             config.max_streams_per_principal if config.auth_enabled else config.max_streams
         )
         self.streams = StreamLimiter(config.max_streams, per_principal)
+        # Tasks upstreams keep themselves (the front door's; hub/upstream_tasks.py).
+        self.upstream_tasks = UpstreamTasks(
+            auth=config.auth_enabled,
+            retention=config.upstream_task_retention,
+            limit=config.max_upstream_tasks,
+            default_interval=config.default_poll_interval,
+            bucket=config.bucket,
+            replicas=config.replicas,
+            publish=self.fanout.publish,
+            remove=self.fanout.publish_removal,
+            in_snapshot=lambda task_id: self.cache.get(task_id) is not None,
+        )
         self.closing = False
         self._background: list[asyncio.Task[None]] = []
 
@@ -77,6 +90,8 @@ class Hub:
     async def start(self) -> None:
         await self.source.start()
         await self.events.start(self.source.nc)
+        if self.config.upstreams:
+            await self.upstream_tasks.start(self.source.js)
         self._background = [
             asyncio.create_task(self._sweep_expired()),
             asyncio.create_task(self._tick_streams()),
@@ -100,6 +115,7 @@ class Hub:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         await self.events.stop()
+        await self.upstream_tasks.stop()
         await self.source.close()
 
     async def _sweep_expired(self) -> None:

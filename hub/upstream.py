@@ -27,9 +27,9 @@ import contextlib
 import logging
 import re
 import sys
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 # httpx2 (pydantic's fork, also what the mcp SDK uses): its pool's cost per request stays
 # flat with concurrency, where httpcore 1.0.9's grows with every queued request.
@@ -58,6 +58,8 @@ POOL_KEEPALIVE_EXPIRY = 1.0  # seconds
 BROKEN = (httpx.TransportError, httpx.DecodingError)
 SEND_SLICE = 256 << 10  # a whole answer goes to the client in writes of this size
 READ_SIZE = 64 << 10  # what httpcore2 reads at once: less free in the budget is none
+WATCHED_EVENT = 1 << 20  # an SSE event larger than this carries no task worth recording
+Watch = Callable[[bytes], Awaitable[None]]
 
 
 @dataclass(frozen=True)
@@ -80,6 +82,16 @@ class UpstreamSpec:
     def legacy_path(self) -> str:
         """Its 2025-11-25 door (hub/legacy/endpoint.py), beside `path`."""
         return "/legacy/mcp" if self.name is None else f"/servers/{self.name}/legacy/mcp"
+
+
+class Answer(NamedTuple):
+    """An upstream's answer the hub read whole: its status, its head as the client would
+    get it, its JSON bytes, and the JSON-RPC message in them (None: no JSON-RPC body)."""
+
+    status: int
+    headers: RawHeaders
+    body: bytes
+    message: dict[str, Any] | None
 
 
 class UpstreamError(Exception):
@@ -174,11 +186,14 @@ class Upstream:
         request_id: jsonrpc.RequestId | None,
         headers: RawHeaders,
         caller: str,
+        watch: Watch | None = None,
     ) -> str:
         """Send the request upstream and its answer to the client; returns the outcome label.
 
         `headers` go upstream as they are (`forwarding.request_headers` made them);
-        `request_id` (read by the hub while routing) is what a failed forward answers."""
+        `request_id` (read by the hub while routing) is what a failed forward answers.
+        `watch` sees each JSON-RPC message of the answer that may carry a task (a JSON
+        answer, or an SSE event, naming `"task"`) before the client does."""
         refusal = self.pool.admit(caller)
         if refusal is not None:
             error = jsonrpc.encode_error(request_id, refusal)
@@ -195,24 +210,39 @@ class Upstream:
             try:
                 if _is_event_stream(response):
                     guard(response)  # pooled only if nothing follows the stream (`_overrun`)
-                    return await self._stream(response, receive, send, request_id)
-                return await self._whole(response, send, request_id)
+                    return await self._stream(response, receive, send, request_id, watch)
+                return await self._whole(response, send, request_id, watch)
             finally:
                 await response.aclose()
         finally:
             self.pool.release(caller)
 
-    async def call(
-        self, body: bytes, headers: RawHeaders, caller: str
-    ) -> tuple[int, RawHeaders, Any]:
-        """One request whose JSON answer the hub needs itself (`server/discover`)."""
+    async def ask(self, body: bytes, headers: RawHeaders, caller: str, request_id: Any) -> Answer:
+        """One request whose answer the hub reads itself (`server/discover`, the tasks the
+        upstream keeps): from a JSON reply, or the message answering `request_id` on an SSE
+        stream. Any 4xx passes as it came, as do errors in JSON-RPC."""
         with self.pool.slot(caller):
             response = await self._send(self._request(body, headers))
             try:
-                payload = await self._read_json(response)
+                kept = forwarding.response_headers(response.headers.raw)
+                if _is_event_stream(response):
+                    guard(response)  # pooled only if nothing follows the stream (`_overrun`)
+                    message = await self._answer_on_stream(response, request_id)
+                    kept = [(k, v) for k, v in kept if k != b"content-type"]
+                    kept.append((b"content-type", b"application/json"))
+                    return Answer(response.status_code, kept, msgspec.json.encode(message), message)
+                content = await self._read_body(response)
+                try:
+                    if not _acceptable(response, content):
+                        raise self._invalid(response, content)
+                    message = _json_message(content) if content else None
+                    if message is None and 200 <= response.status_code < 300:
+                        raise self._invalid(response, content)
+                finally:
+                    self.pool.buffer.give(len(content))
+                return Answer(response.status_code, kept, content, message)
             finally:
                 await response.aclose()
-        return response.status_code, forwarding.response_headers(response.headers.raw), payload
 
     async def exchange(self, body: bytes, headers: RawHeaders, request_id: Any, caller: str) -> Any:
         """One request the hub makes itself (the legacy door's translations): the final
@@ -273,7 +303,11 @@ class Upstream:
     # -- the answer ----------------------------------------------------------------------
 
     async def _whole(
-        self, response: httpx.Response, send: Send, request_id: jsonrpc.RequestId | None
+        self,
+        response: httpx.Response,
+        send: Send,
+        request_id: jsonrpc.RequestId | None,
+        watch: Watch | None,
     ) -> str:
         try:
             content = await self._read_body(response)
@@ -285,6 +319,8 @@ class Upstream:
                 invalid = self._invalid(response, content)
                 await self._fail(send, request_id, invalid)
                 return invalid.fault
+            if watch is not None and b'"task"' in content:
+                await watch(content)
             headers = forwarding.response_headers(response.headers.raw)
             headers.append((b"content-length", b"%d" % len(content)))
             await send(
@@ -308,13 +344,14 @@ class Upstream:
         receive: Receive,
         send: Send,
         request_id: jsonrpc.RequestId | None,
+        watch: Watch | None,
     ) -> str:
         """Relay an SSE reply chunk by chunk until it ends or either side leaves."""
         headers = forwarding.response_headers(response.headers.raw)
         await send(
             {"type": "http.response.start", "status": response.status_code, "headers": headers}
         )
-        relay = asyncio.ensure_future(self._relay(response, send))
+        relay = asyncio.ensure_future(self._relay(response, send, watch))
         gone = asyncio.ensure_future(_disconnected(receive))
         try:
             await asyncio.wait((relay, gone), return_when=asyncio.FIRST_COMPLETED)
@@ -338,9 +375,20 @@ class Upstream:
         await send({"type": "http.response.body", "body": b""})
         return "ok" if fault is None else fault.fault
 
-    async def _relay(self, response: httpx.Response, send: Send) -> UpstreamError | None:
+    async def _relay(
+        self, response: httpx.Response, send: Send, watch: Watch | None
+    ) -> UpstreamError | None:
+        # Only a watched answer's events are read; one too large to carry a task ends that.
+        events = None if watch is None else EventReader(WATCHED_EVENT)
         try:
             async for chunk in response.aiter_bytes():  # decoded: content-encoding is dropped
+                if events is not None and watch is not None:
+                    try:
+                        for data in events.feed(chunk):
+                            if b'"task"' in data:
+                                await watch(data)
+                    except EventTooLarge:
+                        events = None
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
         except BROKEN as exc:
             return self._broken(exc, "stream cut off")

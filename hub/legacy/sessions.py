@@ -17,9 +17,9 @@ import time
 from typing import Any
 
 import msgspec
-from nats.js import api
-from nats.js.errors import APIError, BucketNotFoundError, NotFoundError
+from nats.js.errors import NotFoundError
 
+from bridge.jetstream import ensure_hub_bucket
 from bridge.wire import is_removal, kv_stream
 
 log = logging.getLogger("taskhub.legacy")
@@ -58,22 +58,7 @@ def valid_session_id(session_id: str) -> bool:
 async def ensure_sessions_bucket(js: Any, bucket: str, replicas: int = 1) -> Any:
     """The legacy sessions bucket of task bucket `bucket` (made unless it exists): history 1,
     entries gone `SESSION_TTL_S` after they were written. Deploy provisioning calls it too."""
-    name = sessions_bucket(bucket)
-    try:
-        return await js.key_value(name)
-    except BucketNotFoundError:
-        pass
-    config = api.KeyValueConfig(
-        bucket=name,
-        history=1,
-        ttl=SESSION_TTL_S,
-        replicas=replicas,
-        storage=api.StorageType.FILE,
-    )
-    try:
-        return await js.create_key_value(config)
-    except APIError:
-        return await js.key_value(name)  # another process made it first
+    return await ensure_hub_bucket(js, sessions_bucket(bucket), SESSION_TTL_S, replicas)
 
 
 class Sessions:

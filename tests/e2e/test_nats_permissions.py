@@ -30,6 +30,8 @@ from bridge.wire import CONTROL_STREAM, DEFAULT_BUCKET, control_subject, kv_stre
 from hub.cache import TaskCache
 from hub.config import Config
 from hub.embedded_nats import NatsServerProcess
+from hub.kept_bucket import KeptBucket, ensure_kept_bucket
+from hub.kept_tasks import CredentialHasher, KeptTasks, task_from_result
 from hub.legacy.sessions import Sessions, ensure_sessions_bucket
 from hub.metrics import Metrics
 from hub.nats_source import NatsSource
@@ -110,6 +112,7 @@ async def provisioned(cluster: Cluster) -> Cluster:
         await ensure_bucket(js, BUCKET)
         await ensure_control_stream(js)
         await ensure_sessions_bucket(js, BUCKET)
+        await ensure_kept_bucket(js, BUCKET, 3600)
     finally:
         await nc.close()
     return cluster
@@ -297,6 +300,39 @@ async def test_hub_keeps_legacy_sessions_in_their_provisioned_bucket(
         assert await sessions.find(session.id, "alice") == session
         await sessions.end(session)
         assert await sessions.find(session.id, "alice") is None
+    no_violations_logged(caplog)
+
+
+async def test_hub_shares_upstream_tasks_and_leases_in_their_provisioned_bucket(
+    provisioned: Cluster, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING)
+    seen: list[Any] = []
+    async with running_hub(provisioned) as source:
+        kept = KeptTasks(retention=60, limit=10, on_change=seen.append, on_remove=seen.append)
+        bucket = KeptBucket(kept, BUCKET, 60, 1)
+        key = await bucket.start(source.js)
+        try:
+            assert bucket.shared  # opened, not made: the hub may make no stream
+            task = task_from_result(
+                {
+                    "taskId": "upstream-task-1",
+                    "status": "working",
+                    "createdAt": "2026-12-06T10:00:00+00:00",
+                    "lastUpdatedAt": "2026-12-06T10:00:00+00:00",
+                    "ttlMs": None,
+                }
+            )
+            credential = CredentialHasher(key).of({"authorization": "Bearer t"})
+            record = kept.record(task, "default", "anonymous", credential)
+            revision = await bucket.observe(task.taskId, record)
+            await eventually(lambda: kept.get(task.taskId) is not None)  # through the watch
+            assert kept.get(task.taskId).snapshot.revision == revision  # type: ignore[union-attr]
+            assert await bucket.lease(task.taskId, 2)
+            assert await bucket.lease(task.taskId, 2)  # renewed
+            await bucket.release(task.taskId)
+        finally:
+            await bucket.stop()
     no_violations_logged(caplog)
 
 
