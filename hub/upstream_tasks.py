@@ -46,6 +46,7 @@ RawHeaders = list[tuple[bytes, bytes]]
 # Headers of the caller's request not sent with the hub's own `tasks/get` of a task.
 _REPLACED = frozenset({b"mcp-method", b"mcp-name", b"content-type", b"accept", b"content-length"})
 _JSON_AND_SSE = b"application/json, text/event-stream"
+RECENT_ENOUGH = 0.5  # of an interval: an observation this young needs no poll
 LEASE_MIN_S = 2  # a lease lives at least this long (NATS counts message TTLs in seconds)
 _DECLARES_TASKS: dict[str, Any] = {CLIENT_CAPABILITIES_KEY: {"extensions": {TASKS_EXTENSION: {}}}}
 
@@ -325,20 +326,23 @@ class UpstreamTasks:
         """While the task has listeners here and is not final: read it every poll interval
         if this replica holds its lease (else the holder's observations come through the
         bucket). Ends with the lease given back."""
+        loop = asyncio.get_running_loop()
         try:
             while polling.listeners:
                 kept = self.kept.get(task_id)
                 if kept is None or kept.snapshot.terminal:
                     break
                 interval = _interval(kept, self.default_interval)
+                due = loop.time() + interval  # a fixed cadence: the read's time is not added
                 lease = max(LEASE_MIN_S, math.ceil(2 * interval))
-                if await self.bucket.lease(task_id, lease) and not kept.fresh(
-                    time.time(), self.default_interval
-                ):
+                # Another reader's observation (a tasks/get anywhere) spares a read only
+                # when clearly recent: a timer firing early must not skip a whole interval.
+                recent = time.time() - kept.observed_at < interval * RECENT_ENOUGH
+                if await self.bucket.lease(task_id, lease) and not recent:
                     await self._poll_once(task_id, polling)
                 polling.poke.clear()
                 with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(interval):
+                    async with asyncio.timeout_at(due):
                         await polling.poke.wait()
         finally:
             if self._polling.get(task_id) is polling and not polling.listeners:
