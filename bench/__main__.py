@@ -76,9 +76,19 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="tasks in the bucket for cold_start (default: the size's, 100,000 in a full run); "
         "python -m bench --scenario cold_start --cold-tasks 1000000 is the 1M row",
     )
+    parser.add_argument(
+        "--upstream-seconds",
+        type=float,
+        default=None,
+        metavar="S",
+        help="seconds measured per side (direct, through the hub) in upstream_tasks (default: "
+        "the size's, 30 in a full run)",
+    )
     args = parser.parse_args(argv)
     if args.cold_tasks is not None and args.cold_tasks < 1:
         parser.error("--cold-tasks must be at least 1")
+    if args.upstream_seconds is not None and args.upstream_seconds <= 0:
+        parser.error("--upstream-seconds must be above 0")
     if args.repeat < 1:
         parser.error("--repeat must be at least 1")
     return args
@@ -110,6 +120,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     sizes = SMOKE if args.smoke else QUICK if args.quick else FULL
     if args.cold_tasks is not None:
         sizes = dataclasses.replace(sizes, cold_tasks=args.cold_tasks)
+    if args.upstream_seconds is not None:
+        sizes = dataclasses.replace(sizes, ut_seconds=args.upstream_seconds)
     names = args.scenario or [name for name in SCENARIOS if args.peers or name not in PEERS]
     raise_fd_limit()  # inherited by every child: hub, raw ceiling, load generators
     about = machine.describe()

@@ -90,7 +90,7 @@ class Server:
     port: int
     spawned_at: float
     listening_at: float = 0.0  # first HTTP answer of any status
-    ready_at: float = 0.0  # first /readyz 200
+    ready_at: float = 0.0  # first /readyz 2xx
 
 
 class Harness:
@@ -226,6 +226,19 @@ class Harness:
             "upstream-json" if json_response else "upstream", args, True
         )
 
+    async def start_own_store(self, *, poll_interval_ms: int) -> Server:
+        """`examples/own_store` with the bench's pacing of its tasks (bench/own_store_upstream.py):
+        a poll-only upstream that keeps its tasks and writes nothing to NATS."""
+
+        def args(port: int) -> list[str]:
+            return [
+                "-m", "bench.own_store_upstream",
+                "--port", str(port),
+                "--poll-interval-ms", str(poll_interval_ms),
+            ]  # fmt: skip
+
+        return await self._start_server("own-store", args, True)
+
     async def start_module(self, name: str, module: str) -> Server:
         """`python -m <module> --port N`, ready at its first `/readyz` 200 (a peer's helper)."""
 
@@ -266,7 +279,8 @@ class Harness:
         raise AssertionError("unreachable")
 
     async def wait_ready(self, server: Server, timeout: float = 120.0) -> None:
-        """Poll /readyz until 200; note when the port first answered at all."""
+        """Poll /readyz until 2xx (own_store answers 204); note when the port first
+        answered at all."""
         deadline = time.perf_counter() + timeout
         while time.perf_counter() < deadline:
             if not server.child.alive:
@@ -278,7 +292,7 @@ class Harness:
                 continue
             now = time.perf_counter()
             server.listening_at = server.listening_at or now
-            if status == 200:
+            if 200 <= status < 300:
                 server.ready_at = now
                 return
             await asyncio.sleep(0.005)

@@ -18,6 +18,9 @@ Commands:
   `tools_call`: the same loop of `tools/call` (the front door's load).
 - `follow_poll`: each client polls its task every `interval_ms` and notes when it first
   sees each new state (staleness).
+- `follow_start`, `follow_measure`, `follow_stop`: pollers and listeners following tasks
+  at once, and the staleness of each new state they see (bench/follow_load.py; the
+  upstream_tasks scenario).
 - `dashboards_open`: open N operator streams (`GET /operator/stream`) and wait until each
   has its initial state (hello … synced); `dashboards_measure`: `event: task` frames and
   write→delivery latency for a while; `dashboards_seen`: task frames per dashboard since
@@ -39,6 +42,7 @@ import uvloop
 
 from bench import protocol
 from bench.control import Params, serve
+from bench.follow_load import FollowLoad
 from bench.processes import raise_fd_limit, self_cpu_seconds
 from bench.sockets import connect
 from bench.stats import latency_summary
@@ -279,6 +283,7 @@ async def follow_poll(p: Params) -> Params:
 async def main() -> None:
     listen = ListenLoad()
     dashboards = DashboardLoad()
+    follow = FollowLoad()
     await serve(
         {
             "listen_open": listen.open,
@@ -291,11 +296,15 @@ async def main() -> None:
             "poll": poll,
             "tools_call": tools_call,
             "follow_poll": follow_poll,
+            "follow_start": follow.start,
+            "follow_measure": follow.measure,
+            "follow_stop": follow.stop,
         }
     )
     with contextlib.suppress(Exception):
         await listen.close({})
         await dashboards.close({})
+        await follow.stop({})
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ from typing import Any
 from bench.front_door import FRONT_DOOR_CALLS
 from bench.operator_stream import PROCESSES
 from bench.peers import report as peers_report
+from bench.upstream_tasks import table as upstream_tasks_table
 
 Results = dict[str, dict[str, float]]
 Row = tuple[str, str, str, str, str]
@@ -356,10 +357,16 @@ def markdown(results: Results, machine: dict[str, Any], run: dict[str, Any]) -> 
     for name, rows in _ROWS.items():
         if name in results:
             lines.extend("| " + " | ".join(row) + " |" for row in rows(results[name]))
-    # Peers (bench/peers/): a table of their own, one column per target.
+    # Tables of their own: upstream_tasks (a row per side), peers (bench/peers/: a column
+    # per target).
+    tables = []
+    if "upstream_tasks" in results:
+        tables.append(upstream_tasks_table(results["upstream_tasks"]))
     peers = peers_report.table(results, run.get("skipped", {}), machine.get("peers"))
     if peers:
-        if lines[-1] == "|---|---|---|---|---|":  # only peer scenarios ran
-            del lines[-3:]
-        lines += ["", *peers]
+        tables.append(peers)
+    if tables and lines[-1] == "|---|---|---|---|---|":  # only such scenarios ran
+        del lines[-3:]
+    for table in tables:
+        lines += ["", *table]
     return "\n".join(lines) + "\n"

@@ -28,6 +28,9 @@ work is the figure that sharing disturbs least.
                  then changes at paced rates and flat out (bench/operator_stream.py).
 (i) peers_*      fan-out, storm and tasks/get beside nchan, Pushpin and nginx static
                  (bench/peers/scenarios.py).
+(j) upstream_tasks  C clients follow T tasks of a poll-only upstream (examples/own_store),
+                 half polling and half listening through the hub, all polling directly:
+                 upstream tasks/get per s, CPU, staleness (bench/upstream_tasks.py).
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ from bench.peers.scenarios import peers_fanout, peers_poll, peers_storm
 from bench.processes import cpu_seconds
 from bench.sizes import Sizes
 from bench.stats import Metrics, medians
+from bench.upstream_tasks import upstream_tasks
 
 Scenario = Callable[[Harness, Sizes, int], Awaitable[Metrics]]
 
@@ -528,6 +532,7 @@ SCENARIOS: dict[str, Scenario] = {
     "writes": writes,
     "front_door": front_door,
     "operator": operator,
+    "upstream_tasks": upstream_tasks,
     "peers_fanout": peers_fanout,
     "peers_storm": peers_storm,
     "peers_poll": peers_poll,

@@ -11,6 +11,10 @@ it offers more notifications than one Python process can send, so the saturation
 The operator stream's dashboards each see every task, so a change costs the hub one frame
 per dashboard; its paced rates are changes/s, and "flat out" paces at a rate no writer
 reaches with `operator_flat_in_flight` writes outstanding (bench/operator_stream.py).
+
+The upstream_tasks scenario keeps 10 clients per task at every size (the issue's ratio);
+its states change every 4 poll intervals, so a client that sees a state late still sees
+each one, and no missed state drops out of the staleness figures.
 """
 
 from __future__ import annotations
@@ -56,6 +60,15 @@ class Sizes:
     operator_flat_rate: float
     operator_flat_in_flight: int
     operator_seconds: float
+    # (j) upstream tasks: clients following tasks of a poll-only upstream (half poll, half
+    # listen), through the hub and directly; each task's state changes every
+    # `ut_change_interval_ms`, and `ut_poll_interval_ms` is the upstream's pollIntervalMs
+    ut_clients: int
+    ut_tasks: int
+    ut_poll_interval_ms: int
+    ut_change_interval_ms: int
+    ut_seconds: float  # measured, per side
+    ut_warmup_seconds: float  # clients running before the measured window, per side
     warmup_seconds: float = 0.5
     # peers (bench/peers/): the fan-out's streams and topics at fixed frames/s delivered
     # (publishes/s × streams per topic), each window `peer_seconds` long; the storm's size
@@ -94,6 +107,12 @@ FULL = Sizes(
     operator_flat_rate=50_000,
     operator_flat_in_flight=256,
     operator_seconds=3.0,
+    ut_clients=500,
+    ut_tasks=50,
+    ut_poll_interval_ms=500,
+    ut_change_interval_ms=2000,
+    ut_seconds=30.0,
+    ut_warmup_seconds=3.0,
 )
 
 QUICK = Sizes(
@@ -125,6 +144,12 @@ QUICK = Sizes(
     operator_flat_rate=50_000,
     operator_flat_in_flight=256,
     operator_seconds=1.0,
+    ut_clients=100,
+    ut_tasks=10,
+    ut_poll_interval_ms=500,
+    ut_change_interval_ms=2000,
+    ut_seconds=5.0,
+    ut_warmup_seconds=1.5,
     warmup_seconds=0.3,
     peer_rates=(10_000, 20_000),
     peer_seconds=1.0,
@@ -159,6 +184,12 @@ SMOKE = Sizes(
     operator_flat_rate=5000,
     operator_flat_in_flight=4,
     operator_seconds=0.3,
+    ut_clients=20,
+    ut_tasks=2,
+    ut_poll_interval_ms=200,
+    ut_change_interval_ms=800,
+    ut_seconds=1.0,
+    ut_warmup_seconds=0.6,
     warmup_seconds=0.1,
     peer_rates=(200, 400),
     peer_seconds=0.3,

@@ -87,6 +87,26 @@ REQUIRED = {
             )
         ),
     ),
+    "upstream_tasks": (
+        "ratio",
+        "hub_reads_per_interval",
+        *(
+            f"{side}_{key}"
+            for side in ("direct", "hub")
+            for key in (
+                "upstream_gets_per_s",
+                "upstream_cpu_s",
+                "hub_cpu_s",
+                "nats_cpu_s",
+                "staleness_p50_ms",
+                "staleness_p99_ms",
+                "poll_staleness_p99_ms",
+                "errors",
+            )
+        ),
+        "hub_listen_staleness_p50_ms",
+        "hub_listen_staleness_p99_ms",
+    ),
     # The hub and the raw ceiling take part in every peer scenario; each peer is either
     # measured or named in `run.skipped` (PEER_FIGURE).
     "peers_fanout": tuple(
@@ -146,6 +166,11 @@ def test_smoke_run_prints_one_json_object_with_every_key() -> None:
         assert front[f"default_{leg}_sse_fraction"] == 0
         assert front[f"json_{leg}_sse_fraction"] == 0
         assert front[f"sse_{leg}_sse_fraction"] == 1
+    kept = result["upstream_tasks"]
+    assert all(math.isfinite(value) and value >= 0 for value in kept.values()), kept
+    # Both sides' clients reached the upstream (directly, or by the hub's reads).
+    assert kept["direct_upstream_gets_per_s"] > 0 and kept["hub_upstream_gets_per_s"] > 0
+    assert "| hub: 10 poll, 10 listen |" in done.stderr  # its own table, under the main one
     assert result["machine"]["cores"] >= 1
     assert result["machine"]["versions"]["mcp"] == "2.3.0"
     assert "| scenario |" in done.stderr  # the table goes to stderr under --json
@@ -247,6 +272,59 @@ def test_front_door_rows_show_each_answer_form_beside_the_direct_call() -> None:
     rate_rows = rows[::2]
     assert [row[1].split(":")[0] for row in rate_rows] == [c.label for c in FRONT_DOOR_CALLS]
     assert all("**500**" in row[2] and "→ **0.50×**" in row[3] for row in rate_rows)
+
+
+def _upstream_tasks_figures(**figures: float) -> dict[str, float]:
+    r = dict.fromkeys(REQUIRED["upstream_tasks"], 1.0)
+    for side in ("direct", "hub"):
+        for key in ("client_requests_per_s", "loadgen_cpu_cores", "others_cpu_cores"):
+            r[f"{side}_{key}"] = 0.1
+    r.update(
+        clients=500.0,
+        tasks=50.0,
+        poll_interval_ms=500.0,
+        change_interval_ms=2000.0,
+        seconds=30.0,
+        cores=2.0,
+        hub_frames_per_s=125.0,
+        hub_streams_lost=0.0,
+        hub_poll_staleness_p50_ms=300.0,
+        hub_listen_staleness_p50_ms=250.0,
+        direct_upstream_gets_per_s=1000.0,
+        hub_upstream_gets_per_s=99.0,
+        ratio=1000 / 99,
+        hub_reads_per_interval=0.99,
+        hub_staleness_p99_ms=650.0,
+        hub_poll_staleness_p99_ms=700.0,
+        hub_listen_staleness_p99_ms=520.0,
+    )
+    r.update(figures)
+    return r
+
+
+def test_upstream_tasks_table_has_a_row_per_side_and_says_which_targets_were_met() -> None:
+    versions = dict.fromkeys(
+        ("taskhub", "uvicorn", "uvloop", "httptools", "starlette", "msgspec", "nats-py"), "0"
+    )
+    machine = {"cores": 2, "cpu": "x", "memory_gb": 1, "os": "x", "python": "x"}
+    run = {"command": "python -m bench", "sizes": "full", "repeat": 3, "seconds": 1.0}
+    table = report.markdown(
+        {"upstream_tasks": _upstream_tasks_figures()},
+        {**machine, "versions": {**versions, "mcp": "2.3.0", "nats-server": "0"}},
+        {**run, "load_before": 0.0, "load_after": 0.0},
+    )
+    assert "| scenario | measure |" not in table  # only this scenario ran: no empty main table
+    rows = [line.split(" | ") for line in table.splitlines() if line.startswith("| ")]
+    assert rows[0][0] == "| upstream_tasks" and len(rows[0]) == 6
+    assert [row[0] for row in rows[1:]] == [
+        "| direct: 500 poll the upstream (no listen there)",
+        "| hub: 250 poll, 250 listen",
+    ]
+    assert all(len(row) == 6 for row in rows)
+    assert rows[2][1] == "**99.0**" and rows[1][3] == "—"
+    notes = table[table.index("Targets:") :]
+    assert "**10.10×**: ≥ 10× at 10 clients per task ✓" in notes
+    assert "= 600 ms: all clients 650 ✗ missed, polling 700 ✗ missed, listening 520 ✓" in notes
 
 
 def _operator_figures(**cores: float) -> dict[str, float]:
