@@ -42,6 +42,7 @@ from hub.protocol import (
 )
 from hub.runtime import Hub
 from hub.sse import ListenStream
+from hub.subscriber import Subscriber
 from hub.upstream import Answer, Upstream, UpstreamError, Watch
 from hub.upstream_tasks import Caller, PassThrough
 
@@ -356,6 +357,9 @@ class McpEndpoint:
             )
         if request.method == "subscriptions/listen":
             service = None if self.upstream is None else self.upstream.spec.label
+            events = request.list_changed or request.resource_uris is not None
+            if events and service is not None and service not in self.hub.events.announcing:
+                return None  # the upstream's own listen may be held for it: the app's path
             return handlers.subscriptions_listen_cached(self.hub, request, identity, service)
         return None
 
@@ -487,6 +491,16 @@ class KeptListen:
 
     def follow(self, task_id: str) -> Callable[[], None]:
         return self.endpoint.hub.upstream_tasks.follow(task_id, self.caller)
+
+    def follow_events(self, subscriber: Subscriber, granted: dict[str, Any]) -> Callable[[], None]:
+        upstream = self.endpoint.upstream
+        if upstream is None:
+            return _nothing
+        return self.endpoint.hub.upstream_events.follow(upstream, subscriber, granted, self.caller)
+
+
+def _nothing() -> None:
+    return None
 
 
 def _body_refused(exc: BodyError, cors: RawHeaders) -> Reply:

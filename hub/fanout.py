@@ -236,13 +236,22 @@ class Fanout:
         followers = self._by_event.get((service, kind, uri))
         if not followers:
             return 0
-        audience = None if principals is None else frozenset(principals)
+        if principals is None:
+            return self.deliver_event(followers, kind, uri)
+        audience = frozenset(principals)
+        return self.deliver_event(
+            [subscriber for subscriber, principal in followers.items() if principal in audience],
+            kind,
+            uri,
+        )
+
+    def deliver_event(self, subscribers: Iterable[Subscriber], kind: str, uri: str = "") -> int:
+        """Queue an event for these streams (an upstream's own listen, held for them, or
+        the followers `publish_event` chose); returns how many."""
         method = _METHODS[kind]
         backlog_key = kind if kind != "resource" else "resource:" + uri
         queued = coalesced = 0
-        for subscriber, principal in followers.items():
-            if audience is not None and principal not in audience:
-                continue
+        for subscriber in subscribers:
             frame = event_frame(subscriber.subscription_id, method, uri or None)
             coalesced += subscriber.offer_event(backlog_key, frame)
             self._dirty.add(subscriber)

@@ -58,6 +58,9 @@ def load_resource_rule(path: str | None) -> ResourceRule:
     return rule  # type: ignore[no-any-return]
 
 
+ANNOUNCING_KEPT = 1024  # services remembered as announcing; NATS may name any
+
+
 class EventSource:
     """The hub's subscription to every service's change events."""
 
@@ -65,6 +68,10 @@ class EventSource:
         self.fanout = fanout
         self.metrics = metrics
         self._sub: Any = None
+        # Services that announce over NATS: the hub need not hold their upstream's own
+        # listen for list changes (hub/upstream_events.py).
+        self.announcing: set[str] = set()
+        self.on_announcing: Callable[[str], None] | None = None
 
     async def start(self, nc: Any) -> None:
         self._sub = await nc.subscribe(EVENT_SUBJECT_PREFIX + ">", cb=self._on_msg)
@@ -101,4 +108,8 @@ class EventSource:
             principals = None if event.principals is UNSET else event.principals
         short = EVENT_KINDS[kind][0]
         self.metrics.events_received.inc(1, short)
+        if service not in self.announcing and len(self.announcing) < ANNOUNCING_KEPT:
+            self.announcing.add(service)
+            if self.on_announcing is not None:
+                self.on_announcing(service)
         self.fanout.publish_event(service, short, uri, principals)

@@ -236,6 +236,10 @@ class UpstreamKept(Protocol):
 
     def follow(self, task_id: str) -> Callable[[], None]: ...
 
+    def follow_events(
+        self, subscriber: Subscriber, granted: dict[str, Any]
+    ) -> Callable[[], None]: ...
+
 
 async def subscriptions_listen(
     hub: Hub,
@@ -257,6 +261,8 @@ async def subscriptions_listen(
     subscriber, events, release = _subscribe(hub, request, principal, service)
     unfollows: list[Callable[[], None]] = []
     try:
+        if events and kept is not None:  # list changes of an upstream not announcing on NATS
+            unfollows.append(kept.follow_events(subscriber, events))
         granted: list[str] = []
         for task_id in request.task_ids or ():
             snapshot = await find_task(hub, task_id, principal)

@@ -21,6 +21,7 @@ from hub.fleet_view import FLEET_EVERY_S, FleetView
 from hub.limits import PollLimiter, StreamLimiter
 from hub.metrics import Metrics
 from hub.nats_source import NatsSource
+from hub.upstream_events import UpstreamEvents
 from hub.upstream_tasks import UpstreamTasks
 from hub.watcher import Watcher, sse_event
 
@@ -80,6 +81,9 @@ class Hub:
             remove=self.fanout.publish_removal,
             in_snapshot=lambda task_id: self.cache.get(task_id) is not None,
         )
+        # An upstream's own listen, held for list changes it does not announce on NATS.
+        self.upstream_events = UpstreamEvents(self.fanout, self.events.announcing)
+        self.events.on_announcing = self.upstream_events.announced
         self.closing = False
         self._background: list[asyncio.Task[None]] = []
 
@@ -116,6 +120,7 @@ class Hub:
                 await task
         await self.events.stop()
         await self.upstream_tasks.stop()
+        await self.upstream_events.stop()
         await self.source.close()
 
     async def _sweep_expired(self) -> None:

@@ -27,7 +27,7 @@ import contextlib
 import logging
 import re
 import sys
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -92,6 +92,16 @@ class Answer(NamedTuple):
     headers: RawHeaders
     body: bytes
     message: dict[str, Any] | None
+
+
+class Declined(Exception):
+    """The upstream answered a request the hub made for itself, but not as asked (an error,
+    or JSON where a stream was wanted)."""
+
+    def __init__(self, status: int, message: dict[str, Any] | None) -> None:
+        super().__init__(f"answered HTTP {status}: {message}")
+        self.status = status
+        self.message = message
 
 
 class UpstreamError(Exception):
@@ -241,6 +251,36 @@ class Upstream:
                 finally:
                     self.pool.buffer.give(len(content))
                 return Answer(response.status_code, kept, content, message)
+            finally:
+                await response.aclose()
+
+    async def messages(
+        self, body: bytes, headers: RawHeaders, caller: str
+    ) -> AsyncIterator[dict[str, Any]]:
+        """The JSON-RPC messages of a long-lived SSE answer, as they come (the hub's own
+        `subscriptions/listen` at the upstream, hub/upstream_events.py). An answer that is
+        no event stream raises `Declined` with what it said; faults are UpstreamErrors."""
+        with self.pool.slot(caller):
+            response = await self._send(self._request(body, headers))
+            try:
+                if not _is_event_stream(response):
+                    content = await self._read_body(response)
+                    self.pool.buffer.give(len(content))
+                    raise Declined(
+                        response.status_code, _json_message(content) if content else None
+                    )
+                guard(response)  # pooled only if nothing follows the stream
+                events = EventReader(WATCHED_EVENT)
+                try:
+                    async for chunk in response.aiter_bytes():
+                        for data in events.feed(chunk):
+                            message = _json_message(data)
+                            if message is not None:
+                                yield message
+                except EventTooLarge:
+                    raise self._failed(502, "invalid", "an event larger than 1 MiB") from None
+                except BROKEN as exc:
+                    raise self._broken(exc, "stream cut off") from None
             finally:
                 await response.aclose()
 

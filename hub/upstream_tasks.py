@@ -291,13 +291,7 @@ class UpstreamTasks:
     ) -> Answer:
         headers = caller.headers
         if tasks_get_of is not None:
-            headers = [(k, v) for k, v in headers if k not in _REPLACED]
-            headers += [
-                (b"content-type", b"application/json"),
-                (b"accept", _JSON_AND_SSE),
-                (b"mcp-method", b"tasks/get"),
-                (b"mcp-name", tasks_get_of.encode()),
-            ]
+            headers = own_request_headers(headers, b"tasks/get", tasks_get_of)
         try:
             return await upstream.ask(body, headers, caller.caller, request_id)
         except UpstreamError as exc:
@@ -374,6 +368,20 @@ class UpstreamTasks:
         while True:
             await asyncio.sleep(1.0)
             self.kept.sweep()
+
+
+def own_request_headers(headers: RawHeaders, method: bytes, name: str | None) -> RawHeaders:
+    """A caller's head as it goes upstream (its credentials among it), for a request the
+    hub makes on the caller's behalf: with the routing headers of `method` instead."""
+    out = [(k, v) for k, v in headers if k not in _REPLACED]
+    out += [
+        (b"content-type", b"application/json"),
+        (b"accept", _JSON_AND_SSE),
+        (b"mcp-method", method),
+    ]
+    if name is not None:
+        out.append((b"mcp-name", name.encode()))
+    return out
 
 
 def _interval(kept: KeptTask, default: float) -> float:
