@@ -3,18 +3,22 @@
 `own_store(...)` serves an `OwnStoreServer` on a loopback port and yields it with its MCP
 URL; `hub_before(...)` starts a hub whose front door (`/mcp`) fronts that URL with
 `--upstream`. Two `hub_before` on the same NATS URL and bucket (different data dirs) are two
-replicas in front of the same upstream. `call` and `get` are plain httpx requests at a
-hub's `/mcp`.
+replicas in front of the same upstream, and `alternating(...)` a load balancer that sends
+each request to the next of them. `call` and `get` are plain httpx requests at a hub's
+`/mcp`.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import itertools
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import httpx
+from starlette.types import Receive, Scope, Send
 
 from examples.own_store.server import OwnStoreServer
 from hub.upstream import UpstreamSpec
@@ -58,3 +62,59 @@ async def get(harness: HubHarness, task_id: str, **headers: str) -> dict[str, An
     """The hub's whole JSON-RPC answer to `tasks/get` for `task_id`."""
     response = await call(harness, rpc("tasks/get", {"taskId": task_id}), **headers)
     return response.json()  # type: ignore[no-any-return]
+
+
+@contextlib.asynccontextmanager
+async def alternating(*bases: str) -> AsyncIterator[str]:
+    """A reverse proxy on loopback that sends each request to the next of `bases` in turn
+    (a load balancer with no affinity), streaming answers back; yields its base URL. A
+    client's requests, listen streams included, spread over every replica."""
+    turn = itertools.cycle(bases)
+    client = httpx.AsyncClient(timeout=httpx.Timeout(10.0, read=None))
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return
+        body = b""
+        while True:
+            message = await receive()
+            body += message.get("body", b"")
+            if not message.get("more_body"):
+                break
+        headers = [(k, v) for k, v in scope["headers"] if k not in (b"host", b"content-length")]
+        request = client.build_request(
+            scope["method"], next(turn) + scope["path"], headers=headers, content=body
+        )
+        response = await client.send(request, stream=True)
+        relay = asyncio.ensure_future(_relay(response, send))
+        gone = asyncio.ensure_future(_disconnected(receive))
+        try:
+            await asyncio.wait((relay, gone), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (relay, gone):
+                task.cancel()
+            await response.aclose()
+
+    served = await serve_app(app)
+    try:
+        yield served.url.removesuffix("/mcp")
+    finally:
+        await served.stop()
+        await client.aclose()
+
+
+async def _relay(response: httpx.Response, send: Send) -> None:
+    kept = [
+        (k.lower(), v)
+        for k, v in response.headers.raw
+        if k.lower() not in (b"connection", b"transfer-encoding", b"keep-alive")
+    ]
+    await send({"type": "http.response.start", "status": response.status_code, "headers": kept})
+    async for chunk in response.aiter_raw():
+        await send({"type": "http.response.body", "body": chunk, "more_body": True})
+    await send({"type": "http.response.body", "body": b""})
+
+
+async def _disconnected(receive: Receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass

@@ -47,7 +47,7 @@ from examples.fleet import alpha
 from examples.own_store.server import NAME, OwnStoreServer
 from tests.e2e import npm
 from tests.e2e.npm import TS_DIR, Target
-from tests.e2e.own_store import get, hub_before, own_store
+from tests.e2e.own_store import alternating, get, hub_before, own_store
 from tests.helpers import PROTOCOL, HubHarness
 
 pytestmark = pytest.mark.timeout(npm.TEST_TIMEOUT)
@@ -286,16 +286,24 @@ async def test_ext_tasks_cancels_a_slow_task(
 UPSTREAM_POLL_MS = 100  # the tasks' pollIntervalMs: how often the hub and the library read
 
 
-@pytest.fixture
+@pytest.fixture(params=["one-hub", "two-replicas"])
 async def own_front(
-    nats_url: str, bucket: str, tmp_path: Path
+    request: pytest.FixtureRequest, nats_url: str, bucket: str, tmp_path: Path
 ) -> AsyncIterator[tuple[OwnStoreServer, HubHarness]]:
-    """`OwnStoreServer` and the hub in front of it."""
+    """`OwnStoreServer` and the hub in front of it: one hub, or two replicas behind a load
+    balancer that sends each request to the other in turn (the harness then points there)."""
     async with (
         own_store(poll_interval_ms=UPSTREAM_POLL_MS) as (server, url),
-        hub_before(nats_url, bucket, tmp_path, url) as front,
+        hub_before(nats_url, bucket, tmp_path / "a", url) as front,
     ):
-        yield server, front
+        if request.param == "one-hub":
+            yield server, front
+            return
+        async with (
+            hub_before(nats_url, bucket, tmp_path / "b", url) as other,
+            alternating(front.url, other.url) as spread,
+        ):
+            yield server, HubHarness(front.hub, front.server, front.task, spread, front.client)
 
 
 def upstream_task(server: OwnStoreServer, task_id: str) -> dict[str, Any]:

@@ -34,7 +34,7 @@ import pytest
 from bridge import TaskBridge, TaskRecord
 from tests.e2e import npm
 from tests.e2e.npm import TS_DIR, Target
-from tests.e2e.own_store import hub_before, own_store
+from tests.e2e.own_store import alternating, hub_before, own_store
 from tests.helpers import PROTOCOL, SUB_KEY, TASKS_EXT, HubHarness, eventually
 
 pytestmark = pytest.mark.timeout(npm.TEST_TIMEOUT)
@@ -289,18 +289,24 @@ async def test_ts_client_flow_calls_a_task_tool_and_follows_it_to_the_result(
     assert {key: value for key, value in final.items() if key != "_meta"} == written(record)
 
 
+@pytest.mark.parametrize("replicas", [1, 2], ids=["one-hub", "two-replicas"])
 async def test_ts_client_flow_follows_a_task_the_upstream_keeps_to_the_result(
-    node: str, nats_url: str, bucket: str, tmp_path: Path
+    replicas: int, node: str, nats_url: str, bucket: str, tmp_path: Path
 ) -> None:
     """flow.mjs at the hub in front of `examples/own_store`, a poll-only server that keeps its
     tasks itself (no NATS): the hub reads the task there and pushes each change it sees on
     the client's listen stream, through the terminal state."""
-    async with (
-        own_store(poll_interval_ms=100) as (server, url),
-        hub_before(nats_url, bucket, tmp_path, url) as front,
-    ):
+    async with contextlib.AsyncExitStack() as stack:
+        server, url = await stack.enter_async_context(own_store(poll_interval_ms=100))
+        front = await stack.enter_async_context(hub_before(nats_url, bucket, tmp_path, url))
+        base = front.url
+        if replicas == 2:  # each request to the other replica in turn
+            other = hub_before(nats_url, bucket, tmp_path / "b", url)
+            base = await stack.enter_async_context(
+                alternating(front.url, (await stack.enter_async_context(other)).url)
+            )
         arguments = {"ms": 900, "value": "kept upstream"}
-        args = (front.url + "/mcp", "slow", "--args", json.dumps(arguments))
+        args = (base + "/mcp", "slow", "--args", json.dumps(arguments))
         async with asyncio.timeout(30), run_script(node, str(FLOW), *args) as client:
             connected = await client.line("connected")
             assert connected["protocolVersion"] == PROTOCOL and connected["era"] == "modern"

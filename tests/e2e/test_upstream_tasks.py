@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import time
 from pathlib import Path
 from typing import Any
@@ -20,11 +21,12 @@ from mcp import Client
 from nats.js.errors import KeyNotFoundError
 
 from bridge import TaskBridge
+from bridge.wire import CONTROL_STREAM
 from examples.fleet.tasks_client import CreateTaskResult, HubTasks, TaskCalls
 from hub.kept_bucket import kept_bucket, key_hash
 from hub.upstream import UpstreamSpec
 from tests.cluster import HubProcess
-from tests.e2e.own_store import call, get, hub_before, own_store
+from tests.e2e.own_store import alternating, call, get, hub_before, own_store
 from tests.e2e.raw_http import Received, json_reply, kept_alive
 from tests.helpers import (
     TASKS_EXT,
@@ -66,20 +68,26 @@ def bearer(token: str) -> dict[str, str]:
 # -- a client at the hub's URL --------------------------------------------------------------
 
 
+@pytest.mark.parametrize("replicas", [1, 2], ids=["one-hub", "two-replicas"])
 @pytest.mark.parametrize("sse", [False, True], ids=["json", "sse"])
 async def test_the_python_client_follows_a_task_the_upstream_keeps(
-    sse: bool, nats_url: str, bucket: str, tmp_path: Path
+    sse: bool, replicas: int, nats_url: str, bucket: str, tmp_path: Path
 ) -> None:
-    async with (
-        own_store(sse=sse, poll_interval_ms=100) as (_server, url),
-        hub_before(nats_url, bucket, tmp_path, url) as front,
-    ):
-        async with Client(front.url + "/mcp", extensions=[TaskCalls()]) as client:
+    async with contextlib.AsyncExitStack() as stack:
+        _, url = await stack.enter_async_context(own_store(sse=sse, poll_interval_ms=100))
+        front = await stack.enter_async_context(hub_before(nats_url, bucket, tmp_path, url))
+        base = front.url
+        if replicas == 2:  # each request to the other replica in turn
+            other = hub_before(nats_url, bucket, tmp_path / "b", url)
+            base = await stack.enter_async_context(
+                alternating(front.url, (await stack.enter_async_context(other)).url)
+            )
+        async with Client(base + "/mcp", extensions=[TaskCalls()]) as client:
             created = await client.session.call_tool(
                 "slow", {"ms": 600, "value": "made upstream"}, allow_claimed=True
             )
         assert isinstance(created, CreateTaskResult), created
-        async with HubTasks().connect(front.url + "/mcp", timeout=10) as tasks:
+        async with HubTasks().connect(base + "/mcp", timeout=10) as tasks:
             states = [state async for state in tasks.follow(created.task_id)]
         assert [s["status"] for s in states][-1] == "completed", states
         assert states[-1]["result"]["content"] == [{"type": "text", "text": "made upstream"}]
@@ -270,10 +278,13 @@ async def test_with_hub_auth_another_principal_gets_not_found_even_from_an_open_
         assert server.task(task_id)["status"] == "working"  # type: ignore[index]
 
 
-async def test_no_credential_reaches_nats(
-    nats_url: str, bucket: str, tmp_path: Path, nc: Any
+async def test_no_credential_reaches_nats_or_the_log(
+    nats_url: str, bucket: str, tmp_path: Path, nc: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.DEBUG, logger="taskhub")
     tokens = {"tok-secret-aaaa", "tok-secret-bbbb"}
+    js = nc.jetstream()
+    control_from = (await js.stream_info(CONTROL_STREAM)).state.last_seq + 1
     async with (
         own_store(tokens=tokens, poll_interval_ms=100) as (_server, url),
         hub_before(nats_url, bucket, tmp_path, url) as front,
@@ -291,18 +302,28 @@ async def test_no_credential_reaches_nats(
                 )
                 await call(front, body, **bearer(token))
                 await events.until(lambda m: m["params"]["status"] == "completed")
-        js = nc.jetstream()
-        stored, names = b"", []
+        # Every stream this hub could write: its buckets (tasks, upstream tasks, legacy
+        # sessions) whole, and what reached the shared control stream meanwhile.
+        stored = b""
+        scanned = []
         for stream in await js.streams_info():
             name = stream.config.name
-            names.append(name)
-            for seq in range(stream.state.first_seq, stream.state.last_seq + 1):
+            if name.startswith(f"KV_{bucket}"):
+                first = stream.state.first_seq
+            elif name == CONTROL_STREAM:
+                first = max(control_from, stream.state.first_seq)
+            else:
+                continue
+            scanned.append(name)
+            for seq in range(first, stream.state.last_seq + 1):
                 with contextlib.suppress(Exception):
                     msg = await js.get_msg(name, seq)
                     stored += (msg.data or b"") + repr(msg.headers).encode()
-        assert f"KV_{kept_bucket(bucket)}" in names and stored
+        assert f"KV_{kept_bucket(bucket)}" in scanned and stored
+        logged = caplog.text
         for token in tokens:
             assert token.encode() not in stored
+            assert token not in logged
 
 
 # -- the snapshot's tasks stay the snapshot's ----------------------------------------------
