@@ -96,6 +96,41 @@ async def test_the_python_client_follows_a_task_the_upstream_keeps(
         assert front.hub.upstream_tasks.holds(created.task_id)
 
 
+@pytest.mark.parametrize("replicas", [1, 2], ids=["one-hub", "two-replicas"])
+async def test_the_python_client_answers_and_cancels_tasks_the_upstream_keeps(
+    replicas: int, nats_url: str, bucket: str, tmp_path: Path
+) -> None:
+    async with contextlib.AsyncExitStack() as stack:
+        server, url = await stack.enter_async_context(own_store(poll_interval_ms=100))
+        front = await stack.enter_async_context(hub_before(nats_url, bucket, tmp_path, url))
+        base = front.url
+        if replicas == 2:  # each request to the other replica in turn
+            other = hub_before(nats_url, bucket, tmp_path / "b", url)
+            base = await stack.enter_async_context(
+                alternating(front.url, (await stack.enter_async_context(other)).url)
+            )
+        async with Client(base + "/mcp", extensions=[TaskCalls()]) as client:
+            asked = await client.session.call_tool(
+                "ask", {"question": "Ship?", "ms": 100}, allow_claimed=True
+            )
+            slow = await client.session.call_tool("slow", {"ms": 60_000}, allow_claimed=True)
+        assert isinstance(asked, CreateTaskResult) and isinstance(slow, CreateTaskResult)
+
+        async def accept(request: dict[str, Any]) -> dict[str, Any]:
+            assert request["params"]["message"] == "Ship?"
+            return {"action": "accept", "content": {"ok": True}}
+
+        async with HubTasks().connect(base + "/mcp", timeout=10) as tasks:
+            result = await tasks.finish(asked, accept)  # follows, answers when asked
+            await tasks.cancel(slow.task_id)
+            cancelled = await tasks.get(slow.task_id)
+        assert not result.is_error and result.structured_content is not None
+        assert result.structured_content["confirm"] == {"action": "accept", "content": {"ok": True}}
+        assert server.task(asked.task_id)["status"] == "completed"  # type: ignore[index]
+        assert cancelled["status"] == "cancelled"
+        assert server.task(slow.task_id)["status"] == "cancelled"  # type: ignore[index]
+
+
 async def test_many_pollers_cost_the_upstream_one_read_per_interval(
     nats_url: str, bucket: str, tmp_path: Path
 ) -> None:
