@@ -4,10 +4,10 @@ A task the snapshot holds is always the snapshot's (hub/handlers.py). Any other 
 hub has seen an upstream create, or learned from its answer, is served here:
 
 - `tasks/get`: the last observed state while it is younger than the task's
-  `pollIntervalMs` (D25, docs/protocol.md); else read anew from the upstream with the caller's own headers, one
-  read at a time per task and credential however many callers wait;
-- `tasks/update` and `tasks/cancel`: sent to the upstream as they came, and the task
-  read anew at the next ask once acked;
+  `pollIntervalMs` (D25, docs/protocol.md); else read anew from the upstream with the
+  caller's own headers, one read at a time per task and credential however many wait;
+- `tasks/update` and `tasks/cancel`: sent to the upstream as they came; once acked, the
+  task is read anew and shared;
 - `subscriptions/listen`: granted with the current state, then every change the hub sees
   by polling the upstream at the task's interval with a listener's headers, by whichever
   replica holds the task's lease (hub/kept_bucket.py);
