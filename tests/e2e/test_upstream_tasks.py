@@ -434,6 +434,7 @@ async def test_two_replicas_share_the_task_and_one_polls_until_it_dies(
                             lambda m: m["params"]["status"] == "completed", timeout=10
                         )
                         took = time.monotonic() - killed
+                        print(f"takeover: the terminal state came {took:.2f} s after the kill")
                         assert done["params"]["result"] == {"content": []}
                         # The bound: the lease's TTL (2 s at 200 ms) + one interval + NATS's
                         # expiry tick (1 s).
