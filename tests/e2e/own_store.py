@@ -51,6 +51,23 @@ async def hub_before(
         await harness.stop()
 
 
+@contextlib.asynccontextmanager
+async def fronted(
+    nats_url: str, bucket: str, tmp_path: Path, url: str, replicas: int = 1, **overrides: Any
+) -> AsyncIterator[tuple[HubHarness, str]]:
+    """One hub in front of `url`, or two replicas behind `alternating`: the first hub, and
+    the base URL a client is given (the hub's, or the load balancer's)."""
+    async with hub_before(nats_url, bucket, tmp_path / "a", url, **overrides) as front:
+        if replicas == 1:
+            yield front, front.url
+            return
+        async with (
+            hub_before(nats_url, bucket, tmp_path / "b", url, **overrides) as other,
+            alternating(front.url, other.url) as base,
+        ):
+            yield front, base
+
+
 async def call(harness: HubHarness, body: dict[str, Any], **headers: str) -> httpx.Response:
     """POST `body` to the hub's `/mcp` with the routing headers a conforming client sends."""
     return await harness.client.post(

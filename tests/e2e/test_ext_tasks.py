@@ -47,7 +47,7 @@ from examples.fleet import alpha
 from examples.own_store.server import NAME, OwnStoreServer
 from tests.e2e import npm
 from tests.e2e.npm import TS_DIR, Target
-from tests.e2e.own_store import alternating, get, hub_before, own_store
+from tests.e2e.own_store import fronted, get, hub_before, own_store
 from tests.helpers import PROTOCOL, HubHarness
 
 pytestmark = pytest.mark.timeout(npm.TEST_TIMEOUT)
@@ -292,18 +292,12 @@ async def own_front(
 ) -> AsyncIterator[tuple[OwnStoreServer, HubHarness]]:
     """`OwnStoreServer` and the hub in front of it: one hub, or two replicas behind a load
     balancer that sends each request to the other in turn (the harness then points there)."""
+    replicas = 1 if request.param == "one-hub" else 2
     async with (
         own_store(poll_interval_ms=UPSTREAM_POLL_MS) as (server, url),
-        hub_before(nats_url, bucket, tmp_path / "a", url) as front,
+        fronted(nats_url, bucket, tmp_path, url, replicas) as (front, base),
     ):
-        if request.param == "one-hub":
-            yield server, front
-            return
-        async with (
-            hub_before(nats_url, bucket, tmp_path / "b", url) as other,
-            alternating(front.url, other.url) as spread,
-        ):
-            yield server, HubHarness(front.hub, front.server, front.task, spread, front.client)
+        yield server, HubHarness(front.hub, front.server, front.task, base, front.client)
 
 
 def upstream_task(server: OwnStoreServer, task_id: str) -> dict[str, Any]:

@@ -34,7 +34,7 @@ import pytest
 from bridge import TaskBridge, TaskRecord
 from tests.e2e import npm
 from tests.e2e.npm import TS_DIR, Target
-from tests.e2e.own_store import alternating, hub_before, own_store
+from tests.e2e.own_store import fronted, own_store
 from tests.helpers import PROTOCOL, SUB_KEY, TASKS_EXT, HubHarness, eventually
 
 pytestmark = pytest.mark.timeout(npm.TEST_TIMEOUT)
@@ -296,15 +296,10 @@ async def test_ts_client_flow_follows_a_task_the_upstream_keeps_to_the_result(
     """flow.mjs at the hub in front of `examples/own_store`, a poll-only server that keeps its
     tasks itself (no NATS): the hub reads the task there and pushes each change it sees on
     the client's listen stream, through the terminal state."""
-    async with contextlib.AsyncExitStack() as stack:
-        server, url = await stack.enter_async_context(own_store(poll_interval_ms=100))
-        front = await stack.enter_async_context(hub_before(nats_url, bucket, tmp_path, url))
-        base = front.url
-        if replicas == 2:  # each request to the other replica in turn
-            other = hub_before(nats_url, bucket, tmp_path / "b", url)
-            base = await stack.enter_async_context(
-                alternating(front.url, (await stack.enter_async_context(other)).url)
-            )
+    async with (
+        own_store(poll_interval_ms=100) as (server, url),
+        fronted(nats_url, bucket, tmp_path, url, replicas) as (_front, base),
+    ):
         arguments = {"ms": 900, "value": "kept upstream"}
         args = (base + "/mcp", "slow", "--args", json.dumps(arguments))
         async with asyncio.timeout(30), run_script(node, str(FLOW), *args) as client:

@@ -26,7 +26,7 @@ from examples.fleet.tasks_client import CreateTaskResult, HubTasks, TaskCalls
 from hub.kept_bucket import kept_bucket, key_hash
 from hub.upstream import UpstreamSpec
 from tests.cluster import HubProcess
-from tests.e2e.own_store import alternating, call, get, hub_before, own_store
+from tests.e2e.own_store import call, fronted, get, hub_before, own_store
 from tests.e2e.raw_http import Received, json_reply, kept_alive
 from tests.helpers import (
     TASKS_EXT,
@@ -73,15 +73,10 @@ def bearer(token: str) -> dict[str, str]:
 async def test_the_python_client_follows_a_task_the_upstream_keeps(
     sse: bool, replicas: int, nats_url: str, bucket: str, tmp_path: Path
 ) -> None:
-    async with contextlib.AsyncExitStack() as stack:
-        _, url = await stack.enter_async_context(own_store(sse=sse, poll_interval_ms=100))
-        front = await stack.enter_async_context(hub_before(nats_url, bucket, tmp_path, url))
-        base = front.url
-        if replicas == 2:  # each request to the other replica in turn
-            other = hub_before(nats_url, bucket, tmp_path / "b", url)
-            base = await stack.enter_async_context(
-                alternating(front.url, (await stack.enter_async_context(other)).url)
-            )
+    async with (
+        own_store(sse=sse, poll_interval_ms=100) as (_, url),
+        fronted(nats_url, bucket, tmp_path, url, replicas) as (front, base),
+    ):
         async with Client(base + "/mcp", extensions=[TaskCalls()]) as client:
             created = await client.session.call_tool(
                 "slow", {"ms": 600, "value": "made upstream"}, allow_claimed=True
@@ -100,15 +95,10 @@ async def test_the_python_client_follows_a_task_the_upstream_keeps(
 async def test_the_python_client_answers_and_cancels_tasks_the_upstream_keeps(
     replicas: int, nats_url: str, bucket: str, tmp_path: Path
 ) -> None:
-    async with contextlib.AsyncExitStack() as stack:
-        server, url = await stack.enter_async_context(own_store(poll_interval_ms=100))
-        front = await stack.enter_async_context(hub_before(nats_url, bucket, tmp_path, url))
-        base = front.url
-        if replicas == 2:  # each request to the other replica in turn
-            other = hub_before(nats_url, bucket, tmp_path / "b", url)
-            base = await stack.enter_async_context(
-                alternating(front.url, (await stack.enter_async_context(other)).url)
-            )
+    async with (
+        own_store(poll_interval_ms=100) as (server, url),
+        fronted(nats_url, bucket, tmp_path, url, replicas) as (_front, base),
+    ):
         async with Client(base + "/mcp", extensions=[TaskCalls()]) as client:
             asked = await client.session.call_tool(
                 "ask", {"question": "Ship?", "ms": 100}, allow_claimed=True
