@@ -183,19 +183,7 @@ class McpEndpoint:
     # -- tasks an upstream keeps (hub/upstream_tasks.py) ----------------------------------
 
     async def _upstreams_task(self, task_id: str) -> bool:
-        """Whether the task is one an upstream keeps: never one the snapshot holds; one the
-        hub recorded; or, at an upstream's endpoint, any the store does not hold."""
-        hub = self.hub
-        if hub.cache.get(task_id) is not None or not self.config.upstreams:
-            return False
-        if hub.upstream_tasks.holds(task_id):
-            return True
-        if self.upstream is None:
-            return False
-        try:
-            return await hub.source.read_through(task_id) is None
-        except StoreUnavailable:
-            return False  # the snapshot's path answers: the store is away
+        return await upstreams_task(self.hub, task_id, self.upstream)
 
     def _caller(
         self, outgoing: Outgoing, identity: Identity, headers: Mapping[str, str], meta: Any
@@ -428,6 +416,22 @@ def authenticate(
     if credentials is None:
         raise AuthError.missing()
     return authenticator.authenticate(credentials[0])
+
+
+async def upstreams_task(hub: Hub, task_id: str, upstream: Upstream | None) -> bool:
+    """Whether the task is one an upstream keeps (hub/upstream_tasks.py): never one the
+    snapshot holds; one the hub recorded; or, at an upstream's endpoint, any the store does
+    not hold."""
+    if hub.cache.get(task_id) is not None or not hub.config.upstreams:
+        return False
+    if hub.upstream_tasks.holds(task_id):
+        return True
+    if upstream is None:
+        return False
+    try:
+        return await hub.source.read_through(task_id) is None
+    except StoreUnavailable:
+        return False  # the snapshot's path answers: the store is away
 
 
 def caller_of(hub: Hub, identity: Identity, scope: Scope, trusted: TrustedProxies) -> str:

@@ -77,8 +77,8 @@ class Hub:
             default_interval=config.default_poll_interval,
             bucket=config.bucket,
             replicas=config.replicas,
-            publish=self.fanout.publish,
-            remove=self.fanout.publish_removal,
+            publish=self._kept_changed,
+            remove=self._removed,
             in_snapshot=lambda task_id: self.cache.get(task_id) is not None,
         )
         # An upstream's own listen, held for list changes it does not announce on NATS.
@@ -201,6 +201,21 @@ class Hub:
         if self._owner_watchers:
             for callback in list(self._owner_watchers.get(snapshot.owner, ())):
                 callback(snapshot)
+
+    def current(self, task_id: str) -> TaskSnapshot | None:
+        """The task's state, the snapshot's or, if an upstream keeps it, the last observed."""
+        snapshot = self.cache.get(task_id)
+        if snapshot is None:
+            kept = self.upstream_tasks.kept.get(task_id)
+            snapshot = None if kept is None else kept.snapshot
+        return snapshot
+
+    def _kept_changed(self, snapshot: TaskSnapshot) -> None:
+        """A new state of a task an upstream keeps: its streams and waiters hear of it (not
+        the owner's legacy notification streams, whose owner may be anyone without auth)."""
+        self.fanout.publish(snapshot)
+        if self._waiters:
+            self._wake(snapshot.task_id, snapshot)
 
     def _removed(self, snapshot: TaskSnapshot) -> None:
         self.fanout.publish_removal(snapshot)

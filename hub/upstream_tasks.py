@@ -32,7 +32,13 @@ from typing import Any
 
 import msgspec
 
-from bridge.vocabulary import CLIENT_CAPABILITIES_KEY, TASKS_EXTENSION
+from bridge.vocabulary import (
+    CLIENT_CAPABILITIES_KEY,
+    CLIENT_INFO_KEY,
+    PROTOCOL_VERSION,
+    PROTOCOL_VERSION_KEY,
+    TASKS_EXTENSION,
+)
 from hub import jsonrpc
 from hub.auth import Identity
 from hub.cache import TaskSnapshot
@@ -48,7 +54,12 @@ _REPLACED = frozenset({b"mcp-method", b"mcp-name", b"content-type", b"accept", b
 _JSON_AND_SSE = b"application/json, text/event-stream"
 RECENT_ENOUGH = 0.5  # of an interval: an observation this young needs no poll
 LEASE_MIN_S = 2  # a lease lives at least this long (NATS counts message TTLs in seconds)
-_DECLARES_TASKS: dict[str, Any] = {CLIENT_CAPABILITIES_KEY: {"extensions": {TASKS_EXTENSION: {}}}}
+# The `_meta` of a request the hub makes with no caller's own to copy (a 2025-11-25 one's).
+REQUEST_META: dict[str, Any] = {
+    PROTOCOL_VERSION_KEY: PROTOCOL_VERSION,
+    CLIENT_CAPABILITIES_KEY: {"extensions": {TASKS_EXTENSION: {}}},
+    CLIENT_INFO_KEY: {"name": "taskhub", "version": "1"},
+}
 
 
 class PassThrough(Exception):
@@ -136,20 +147,35 @@ class UpstreamTasks:
         async def watch(data: bytes) -> None:
             try:
                 message = msgspec.json.decode(data)
-                result = message.get("result") if isinstance(message, dict) else None
-                if not isinstance(result, dict) or result.get("resultType") != "task":
-                    return
-                task = task_from_result(result)
-            except (msgspec.DecodeError, ForeignTaskError) as exc:
-                log.debug("upstream %s: no task recorded (%s)", upstream.spec.label, exc)
+            except msgspec.DecodeError:
                 return
-            kept = self.kept.get(task.taskId)
-            if kept is not None and kept.upstream != upstream.spec.label:
-                return  # ids are the upstreams' own: the first to name one keeps it
-            if not self._in_snapshot(task.taskId):
-                await self._observe(upstream.spec.label, task, caller)
+            result = message.get("result") if isinstance(message, dict) else None
+            if isinstance(result, dict) and result.get("resultType") == "task":
+                await self.created(upstream, result, caller)
 
         return watch
+
+    async def created(self, upstream: Upstream, result: dict[str, Any], caller: Caller) -> None:
+        """Record the task of a `CreateTaskResult` (the modern door's `watcher`, the legacy
+        door's translation) unless the snapshot holds it or another upstream named it first."""
+        try:
+            task = task_from_result(result)
+        except ForeignTaskError as exc:
+            log.debug("upstream %s: no task recorded (%s)", upstream.spec.label, exc)
+            return
+        kept = self.kept.get(task.taskId)
+        if kept is not None and kept.upstream != upstream.spec.label:
+            return  # ids are the upstreams' own: the first to name one keeps it
+        if not self._in_snapshot(task.taskId):
+            await self._observe(upstream.spec.label, task, caller)
+
+    def visible(self, caller: Caller) -> list[TaskSnapshot]:
+        """Every kept task `caller` may read (the legacy door's `tasks/list`)."""
+        return [
+            kept.snapshot
+            for task_id in self.kept.ids()
+            if (kept := self.kept.get(task_id)) is not None and self._may_read(kept, caller)
+        ]
 
     # -- the methods ---------------------------------------------------------------------
 
@@ -252,7 +278,7 @@ class UpstreamTasks:
                 "jsonrpc": "2.0",
                 "id": f"taskhub-{next(self._ids)}",
                 "method": "tasks/get",
-                "params": {"taskId": task_id, "_meta": caller.meta or _DECLARES_TASKS},
+                "params": {"taskId": task_id, "_meta": caller.meta or REQUEST_META},
             }
         )
         request_id = msgspec.json.decode(body)["id"]

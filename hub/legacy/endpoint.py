@@ -31,11 +31,11 @@ from hub import jsonrpc
 from hub.auth import AuthError, Identity
 from hub.cors import is_preflight, preflight_headers
 from hub.cors import response_headers as cors_response_headers
-from hub.endpoint import BodyError, authenticate, caller_of, read_body
+from hub.endpoint import BodyError, authenticate, caller_of, read_body, upstreams_task
 from hub.forwarding import TrustedProxies
 from hub.handlers import find_task
 from hub.headers import encode_header_value, encode_headers, header_map
-from hub.legacy import methods
+from hub.legacy import kept, methods
 from hub.legacy.notifications import status_stream
 from hub.legacy.results import parse_input_request_id, stream_result
 from hub.legacy.sessions import Session, Sessions, SessionUnavailable
@@ -44,6 +44,8 @@ from hub.legacy.vocabulary import (
     TASKS_CAPABILITY,
     created_result,
     is_modern_request,
+    legacy_status,
+    legacy_task,
     legacy_tools,
     modern_params,
     plain_result,
@@ -51,6 +53,7 @@ from hub.legacy.vocabulary import (
 from hub.nats_source import StoreUnavailable
 from hub.runtime import Hub
 from hub.upstream import Upstream, UpstreamError
+from hub.upstream_tasks import REQUEST_META, Caller
 
 RawHeaders = list[tuple[bytes, bytes]]
 JSON = (b"content-type", b"application/json")
@@ -234,7 +237,7 @@ class LegacyEndpoint:
         if method is None:  # a response: the answer to one of our input requests
             if "id" not in message or ("result" not in message and "error" not in message):
                 raise Refusal(400, jsonrpc.invalid_request("Invalid request: no method"))
-            await self._input_answer(message, session)
+            await self._input_answer(message, session, headers, caller)
             await _respond(send, 202, b"", cors)
             return
         if "id" not in message:  # a notification (initialized, cancelled, ...)
@@ -243,6 +246,13 @@ class LegacyEndpoint:
         request_id = message["id"]
         principal = session.principal
         if method == "tasks/result":
+            task_id = methods.task_id_of(params)
+            if await upstreams_task(self.hub, task_id, self.upstream):
+                who = kept.caller(self.hub, principal, headers, caller)
+                await kept.get(self.hub, task_id, who, self.upstream)  # the caller's to read
+                async with kept.followed(self.hub, task_id, who):
+                    await stream_result(self.hub, task_id, request_id, receive, send, cors)
+                return
             snapshot = await methods.owned(self.hub, params, principal)
             await stream_result(self.hub, snapshot.task_id, request_id, receive, send, cors)
             return
@@ -296,10 +306,16 @@ class LegacyEndpoint:
         try:
             if method == "ping":
                 return {}
+            if method in ("tasks/get", "tasks/cancel"):
+                task_id = methods.task_id_of(params)
+                if await upstreams_task(hub, task_id, self.upstream):
+                    who = kept.caller(hub, principal, headers, caller)
+                    return await self._kept_call(method, task_id, who)
             if method == "tasks/get":
                 return await methods.tasks_get(hub, params, principal)
             if method == "tasks/list":
-                return methods.tasks_list(hub, params, principal)
+                who = kept.caller(hub, principal, headers, caller)
+                return methods.tasks_list(hub, params, principal, kept.listed(hub, who))
             if method == "tasks/cancel":
                 return await methods.tasks_cancel(hub, params, principal, request_id)
         except StoreUnavailable as exc:
@@ -307,6 +323,23 @@ class LegacyEndpoint:
         if method in FORWARDED and self.upstream is not None:
             return await self._forward(method, request_id, params, session, headers, caller)
         raise jsonrpc.method_not_found(method)
+
+    async def _kept_call(self, method: str, task_id: str, who: Caller) -> dict[str, Any]:
+        """`tasks/get` or `tasks/cancel` of a task an upstream keeps (hub/legacy/kept.py)."""
+        hub = self.hub
+        snapshot = await kept.get(hub, task_id, who, self.upstream)
+        if method == "tasks/get":
+            return legacy_task(methods.decoded(snapshot))
+        if snapshot.terminal:  # as for the snapshot's tasks: -32602 under 2025-11-25
+            status = legacy_status(methods.decoded(snapshot))
+            raise jsonrpc.invalid_params(
+                f"Cannot cancel task: already in terminal status '{status}'"
+            )
+        params = {"taskId": task_id, "_meta": REQUEST_META}
+        await kept.steer(hub, "tasks/cancel", params, who, self.upstream)
+        async with kept.followed(hub, task_id, who):
+            final = await methods.until_terminal(hub, task_id, methods.CANCEL_WAIT_S)
+        return legacy_task(methods.decoded(final or snapshot))
 
     async def _forward(
         self,
@@ -361,6 +394,8 @@ class LegacyEndpoint:
             raise jsonrpc.internal_error(f"upstream {label} answered no result")
         kind = result.get("resultType")
         if kind == "task" and wants_task:
+            who = kept.caller(self.hub, session.principal, headers, caller)
+            await self.hub.upstream_tasks.created(self.upstream, result, who)
             return created_result(result)
         if kind in (None, "complete"):
             return legacy_tools(result) if method == "tools/list" else plain_result(result)
@@ -368,12 +403,23 @@ class LegacyEndpoint:
             f"upstream {label} answered resultType {kind!r}: no 2025-11-25 client can follow it"
         )
 
-    async def _input_answer(self, message: dict[str, Any], session: Session) -> None:
+    async def _input_answer(
+        self, message: dict[str, Any], session: Session, headers: Mapping[str, str], caller: str
+    ) -> None:
         """A client's response to an input request of `tasks/result`: a `tasks/update`."""
         parsed = parse_input_request_id(message.get("id"))
         if parsed is None or not isinstance(message.get("result"), dict):
             return  # not ours, or an error answer: the task stays waiting for input
         task_id, key = parsed
+        if await upstreams_task(self.hub, task_id, self.upstream):
+            who = kept.caller(self.hub, session.principal, headers, caller)
+            params = {
+                "taskId": task_id,
+                "inputResponses": {key: message["result"]},
+                "_meta": REQUEST_META,
+            }
+            await kept.steer(self.hub, "tasks/update", params, who, self.upstream)
+            return
         snapshot = await find_task(self.hub, task_id, session.principal)
         if snapshot is None or snapshot.terminal:
             return

@@ -51,13 +51,16 @@ async def tasks_get(hub: Hub, params: dict[str, Any], principal: str) -> dict[st
     return legacy_task(decoded(await owned(hub, params, principal)))
 
 
-def tasks_list(hub: Hub, params: dict[str, Any], principal: str) -> dict[str, Any]:
-    """The caller's tasks, oldest first, `LIST_PAGE` at a time; the cursor names the last
-    task of the page before (opaque to the client; a malformed one is -32602)."""
+def tasks_list(
+    hub: Hub, params: dict[str, Any], principal: str, kept: list[TaskSnapshot] | None = None
+) -> dict[str, Any]:
+    """The caller's tasks (and the `kept` ones upstreams keep for it), oldest first,
+    `LIST_PAGE` at a time; the cursor names the last task of the page before (opaque to the
+    client; a malformed one is -32602)."""
     after = _cursor_position(params.get("cursor"))
     tasks = sorted(
         ((task["createdAt"], task["taskId"]), task)
-        for task in map(decoded, hub.cache.owned_by(principal))
+        for task in map(decoded, [*hub.cache.owned_by(principal), *(kept or ())])
     )
     page = [(key, task) for key, task in tasks if after is None or key > after][: LIST_PAGE + 1]
     result: dict[str, Any] = {"tasks": [legacy_task(task) for _, task in page[:LIST_PAGE]]}
@@ -109,7 +112,7 @@ async def until_terminal(hub: Hub, task_id: str, timeout: float | None) -> TaskS
     while True:
         waiter = hub.next_change(task_id)  # before the check: no revision slips between
         try:
-            current = hub.cache.get(task_id)
+            current = hub.current(task_id)  # the snapshot's, or an upstream's own
             if current is None or current.terminal:
                 return current
             remaining = None if deadline is None else deadline - loop.time()

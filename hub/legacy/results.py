@@ -55,7 +55,7 @@ async def stream_result(
         while not gone.done():
             waiter = hub.next_change(task_id)  # before the check: no revision slips between
             try:
-                snapshot = hub.cache.get(task_id)
+                snapshot = hub.current(task_id)  # the snapshot's, or an upstream's own
                 if snapshot is None:
                     gone_error = jsonrpc.encode_error(request_id, jsonrpc.task_not_found())
                     await _body(send, b"event: message\ndata: " + gone_error + b"\n\n")

@@ -45,11 +45,13 @@ class LegacyClient:
         self.url = url
         self.session: str | None = None
         self.ids = 0
+        self.extra: dict[str, str] = {}  # sent with every request (a credential)
 
     def headers(self) -> dict[str, str]:
         headers = {
             "accept": "application/json, text/event-stream",
             "mcp-protocol-version": LEGACY,
+            **self.extra,
         }
         if self.session is not None:
             headers["mcp-session-id"] = self.session

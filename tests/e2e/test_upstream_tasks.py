@@ -28,6 +28,7 @@ from hub.upstream import UpstreamSpec
 from tests.cluster import HubProcess
 from tests.e2e.own_store import call, fronted, get, hub_before, own_store
 from tests.e2e.raw_http import Received, json_reply, kept_alive
+from tests.e2e.test_legacy_endpoint import LegacyClient
 from tests.helpers import (
     TASKS_EXT,
     HubHarness,
@@ -484,3 +485,60 @@ async def test_a_state_that_breaks_the_wire_rules_is_an_invalid_fault_never_reco
         response = await call(front, body, **{"Mcp-Name": "x"})
         assert response.status_code == 200
         assert not front.hub.upstream_tasks.holds(task_id)
+
+
+# -- the 2025-11-25 door -------------------------------------------------------------------
+
+
+async def test_a_legacy_client_follows_answers_cancels_and_lists_tasks_the_upstream_keeps(
+    nats_url: str, bucket: str, tmp_path: Path
+) -> None:
+    async with (
+        own_store(tokens={"tok-a", "tok-b"}, poll_interval_ms=100) as (server, url),
+        hub_before(nats_url, bucket, tmp_path, url) as front,
+    ):
+        client = LegacyClient(front.client, front.url + "/legacy/mcp")
+        other = LegacyClient(front.client, front.url + "/legacy/mcp")
+        for legacy, token in ((client, "tok-a"), (other, "tok-b")):
+            legacy.extra = bearer(token)
+            await legacy.initialize()
+        created = await client.call(
+            "tools/call", {"name": "ask", "arguments": {"question": "Go?", "ms": 100}, "task": {}}
+        )
+        asked = created["task"]["taskId"]
+        assert server.task(asked) is not None  # made at the upstream, kept by the hub
+        got = await client.call("tasks/get", {"taskId": asked})
+        assert got["taskId"] == asked
+        async with client.stream("tasks/result", {"taskId": asked}) as messages:
+            async for message in messages:
+                if message.get("method") == "elicitation/create":
+                    assert message["params"]["message"] == "Go?"
+                    answer = {
+                        "jsonrpc": "2.0",
+                        "id": message["id"],
+                        "result": {"action": "accept", "content": {"ok": True}},
+                    }
+                    posted = await client.http.post(
+                        client.url, json=answer, headers=client.headers()
+                    )
+                    assert posted.status_code == 202
+                elif "result" in message or "error" in message:
+                    final = message
+                    break
+        assert final["result"]["structuredContent"]["confirm"]["content"] == {"ok": True}
+        assert server.task(asked)["status"] == "completed"  # type: ignore[index]
+
+        slow = await client.call(
+            "tools/call", {"name": "slow", "arguments": {"ms": 60_000}, "task": {}}
+        )
+        slow_id = slow["task"]["taskId"]
+        cancelled = await client.call("tasks/cancel", {"taskId": slow_id})
+        assert cancelled["status"] == "cancelled"
+        assert server.task(slow_id)["status"] == "cancelled"  # type: ignore[index]
+
+        listed = {t["taskId"] for t in (await client.call("tasks/list"))["tasks"]}
+        assert {asked, slow_id} <= listed
+        # Another credential: nothing listed, nothing read, nothing cancelled.
+        assert (await other.call("tasks/list"))["tasks"] == []
+        refused = (await other.post("tasks/get", {"taskId": asked})).json()
+        assert refused["error"]["code"] == -32602
