@@ -28,12 +28,8 @@ import uvicorn
 from starlette.types import Receive, Scope, Send
 
 from bench.protocol import stamp
-from examples.own_store.server import (
-    DEFAULT_POLL_INTERVAL_MS,
-    SHUTDOWN_GRACE_S,
-    OwnStoreServer,
-    TerminalTask,
-)
+from examples.own_store.server import DEFAULT_POLL_INTERVAL_MS, SHUTDOWN_GRACE_S, OwnStoreServer
+from examples.own_store.tasks import TerminalTask
 
 PACE_PATH = "/pace"
 

@@ -24,7 +24,8 @@ import pytest
 
 from bridge.vocabulary import TASK_NOT_FOUND
 from bridge.wire import DetailedTask, check_task, parse_timestamp
-from examples.own_store.server import OwnStoreServer, TerminalTask
+from examples.own_store.server import OwnStoreServer
+from examples.own_store.tasks import TerminalTask
 from tests.helpers import eventually, free_port, headers_for, rpc, serve_app
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -44,7 +44,8 @@ import pytest
 
 from bridge import TaskBridge
 from examples.fleet import alpha
-from examples.own_store.server import NAME, OwnStoreServer
+from examples.own_store.rpc import NAME
+from examples.own_store.server import OwnStoreServer
 from tests.e2e import npm
 from tests.e2e.npm import TS_DIR, Target
 from tests.e2e.own_store import fronted, get, hub_before, own_store
