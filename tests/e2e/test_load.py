@@ -186,6 +186,9 @@ async def test_streams_of_one_task_ride_its_lane_and_a_stalled_one_leaves_it(
     states in order and ends with the last (coalescing may skip some between)."""
     tid = new_task_id()
     await write(js, bucket, tid, "working", 0)
+    # Cached first: a listen for a task the watch has not brought yet is answered by the
+    # app's path (a store read), not opened in place, and such a stream rides no lane.
+    await eventually(lambda: hub.hub.cache.get(tid) is not None)
     stalled = await open_stalled_listen(hub.url, [tid])
     steps = 1_000_000  # the last step, once known
     try:
