@@ -162,14 +162,15 @@ class KeptTasks:
 
     def apply(self, revision: int, record: KeptRecord) -> KeptTask | None:
         """Take an observation in (from this hub or another, through the bucket); older
-        ones than held are ignored, as is any change to a terminal state."""
-        held = self._tasks.get(_task_id_of(record))
-        if held is not None and held.snapshot.revision >= revision:
-            return held
+        ones than held are ignored, as is any change to a terminal state; None for a
+        record that holds no valid task."""
         try:
             task = _task_decoder.decode(record.task)
             check_task(task, id_syntax=False)
         except (msgspec.DecodeError, InvalidEnvelope):
+            return None
+        held = self._tasks.get(task.taskId)
+        if held is not None and held.snapshot.revision >= revision:
             return held
         if held is not None and held.snapshot.terminal and held.snapshot.owner == record.owner:
             # A terminal state is final (D18); a later observation only refreshes who may read it.
@@ -228,11 +229,6 @@ class KeptTasks:
 
 def encode_raw(task: DetailedTask) -> msgspec.Raw:
     return msgspec.Raw(encode(task))
-
-
-def _task_id_of(record: KeptRecord) -> str:
-    task_id = msgspec.json.decode(record.task).get("taskId")
-    return task_id if isinstance(task_id, str) else ""
 
 
 def _expiry(task: DetailedTask) -> float | None:

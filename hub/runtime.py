@@ -127,6 +127,7 @@ class Hub:
         while True:
             await asyncio.sleep(self.config.expiry_sweep_interval)
             self.cache.sweep()
+            self.upstream_tasks.kept.sweep()
 
     async def _tick_streams(self) -> None:
         """Keep-alives and stalled-stream checks for every stream, from one task."""

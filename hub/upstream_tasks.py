@@ -114,16 +114,12 @@ class UpstreamTasks:
         self._reads: dict[tuple[str, str], asyncio.Future[TaskSnapshot]] = {}
         self._polling: dict[str, _Polling] = {}
         self._ids = itertools.count(1)
-        self._sweeper: asyncio.Task[None] | None = None
 
     async def start(self, js: Any) -> None:
         self.hasher.key = await self.bucket.start(js)
-        self._sweeper = asyncio.create_task(self._sweep())
 
     async def stop(self) -> None:
         tasks = [p.task for p in self._polling.values() if p.task is not None]
-        if self._sweeper is not None:
-            tasks.append(self._sweeper)
         for task in tasks:
             task.cancel()
         for task in tasks:
@@ -273,15 +269,15 @@ class UpstreamTasks:
 
     async def _read(self, upstream: Upstream, task_id: str, caller: Caller) -> TaskSnapshot:
         """The task read from `upstream` with the caller's headers, recorded and shared."""
+        request_id = f"taskhub-{next(self._ids)}"
         body = msgspec.json.encode(
             {
                 "jsonrpc": "2.0",
-                "id": f"taskhub-{next(self._ids)}",
+                "id": request_id,
                 "method": "tasks/get",
                 "params": {"taskId": task_id, "_meta": caller.meta or REQUEST_META},
             }
         )
-        request_id = msgspec.json.decode(body)["id"]
         answer = await self._ask(upstream, body, request_id, caller, tasks_get_of=task_id)
         message = answer.message or {}
         kept = self.kept.get(task_id)
@@ -389,11 +385,6 @@ class UpstreamTasks:
     def _upstream_of(self, task_id: str) -> Upstream | None:
         kept = self.kept.get(task_id)
         return None if kept is None else self.upstreams.get(kept.upstream)
-
-    async def _sweep(self) -> None:
-        while True:
-            await asyncio.sleep(1.0)
-            self.kept.sweep()
 
 
 def own_request_headers(headers: RawHeaders, method: bytes, name: str | None) -> RawHeaders:
