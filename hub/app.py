@@ -29,7 +29,8 @@ from hub.runtime import Hub
 from hub.sign_in import session
 from hub.sse import ListenStream
 from hub.task_reads import get_task, operators_only
-from hub.upstream import Pool, Upstream
+from hub.upstream import Upstream
+from hub.upstream_pool import Pool
 
 log = logging.getLogger("taskhub.http")
 Endpoint = McpEndpoint | LegacyEndpoint

@@ -25,9 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import re
-import sys
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -39,25 +37,19 @@ from starlette.types import Receive, Send
 
 from bridge.events import DEFAULT_SERVICE
 from hub import forwarding, jsonrpc
+from hub.event_reader import EventReader, EventTooLarge, json_message
 from hub.headers import encode_headers
 from hub.httpx2_internals import guard, guard_of, stray_after_end
-from hub.limits import ByteBudget, StreamLimiter
 from hub.metrics import Metrics
+from hub.upstream_pool import Pool
 
 log = logging.getLogger("taskhub.upstream")
 
 RawHeaders = list[tuple[bytes, bytes]]
 MAX_JSON_REPLY = 64 << 20  # bytes; a JSON answer larger than this is refused, not buffered
-POOL_CONNECTIONS = 1024  # per hub process, over all upstreams; an SSE reply holds one
-POOL_KEEPALIVE = 64  # idle connections kept for reuse
-# An idle connection is dropped before an upstream would close it (uvicorn and Node close
-# after 5 s, gunicorn after 2 s; httpx's default is also 5 s). Reusing one that the upstream
-# is closing at that moment fails the request with a reset (a 502 to the client).
-POOL_KEEPALIVE_EXPIRY = 1.0  # seconds
 # What breaks an answer while it is read: the connection, or its content coding.
 BROKEN = (httpx.TransportError, httpx.DecodingError)
 SEND_SLICE = 256 << 10  # a whole answer goes to the client in writes of this size
-READ_SIZE = 64 << 10  # what httpcore2 reads at once: less free in the budget is none
 WATCHED_EVENT = 1 << 20  # an SSE event larger than this carries no task worth recording
 Watch = Callable[[bytes], Awaitable[None]]
 
@@ -121,63 +113,6 @@ class UpstreamError(Exception):
             # The hub's own memory is full, not the upstream broken: try again shortly.
             headers={"Retry-After": "1"} if self.fault == "overloaded" else None,
         )
-
-
-class Pool:
-    """The one HTTP client every upstream shares, and what each caller may take of it;
-    opened and closed with the app."""
-
-    def __init__(
-        self,
-        timeout: float,
-        *,
-        max_per_caller: int = 100,
-        buffer_bytes: int = 256 << 20,
-    ) -> None:
-        self.timeout = timeout
-        # No total beyond the pool's own: one caller's share is the limit here.
-        self.in_flight = StreamLimiter(sys.maxsize, max_per_caller, "forwarded requests in flight")
-        self.buffer = ByteBudget(buffer_bytes)
-        self.client = httpx.AsyncClient(
-            # Connect and pool waits are bounded here; the answer's head (and a JSON body)
-            # by `Upstream`, since an SSE reply may rightly stay quiet for minutes.
-            timeout=httpx.Timeout(None, connect=timeout, pool=timeout),
-            limits=httpx.Limits(
-                max_connections=POOL_CONNECTIONS,
-                max_keepalive_connections=POOL_KEEPALIVE,
-                keepalive_expiry=POOL_KEEPALIVE_EXPIRY,
-            ),
-            follow_redirects=False,
-            trust_env=False,  # no proxy from the environment between hub and upstream
-        )
-
-    def admit(self, caller: str) -> jsonrpc.RpcError | None:
-        """Take one of `caller`'s slots for a request in flight (`release` gives it back),
-        or the 429 it gets when it holds all of them, or when the hub holds all the answer
-        bytes it may (an upstream should not do work whose answer would be dropped)."""
-        if self.buffer.held + READ_SIZE > self.buffer.limit:
-            return jsonrpc.rate_limited(
-                "the hub holds as many upstream answer bytes as it may; retry shortly", "1"
-            )
-        refusal = self.in_flight.acquire(caller)
-        return None if refusal is None else jsonrpc.rate_limited(refusal, "1")
-
-    def release(self, caller: str) -> None:
-        self.in_flight.release(caller)
-
-    @contextlib.contextmanager
-    def slot(self, caller: str) -> Iterator[None]:
-        """`admit` and `release` around a block; the 429 is raised."""
-        refusal = self.admit(caller)
-        if refusal is not None:
-            raise refusal
-        try:
-            yield
-        finally:
-            self.release(caller)
-
-    async def close(self) -> None:
-        await self.client.aclose()
 
 
 class Upstream:
@@ -245,7 +180,7 @@ class Upstream:
                 try:
                     if not _acceptable(response, content):
                         raise self._invalid(response, content)
-                    message = _json_message(content) if content else None
+                    message = json_message(content) if content else None
                     if message is None and 200 <= response.status_code < 300:
                         raise self._invalid(response, content)
                 finally:
@@ -266,15 +201,13 @@ class Upstream:
                 if not _is_event_stream(response):
                     content = await self._read_body(response)
                     self.pool.buffer.give(len(content))
-                    raise Declined(
-                        response.status_code, _json_message(content) if content else None
-                    )
+                    raise Declined(response.status_code, json_message(content) if content else None)
                 guard(response)  # pooled only if nothing follows the stream
                 events = EventReader(WATCHED_EVENT)
                 try:
                     async for chunk in response.aiter_bytes():
                         for data in events.feed(chunk):
-                            message = _json_message(data)
+                            message = json_message(data)
                             if message is not None:
                                 yield message
                 except EventTooLarge:
@@ -487,7 +420,7 @@ class Upstream:
             async with asyncio.timeout(self.pool.timeout):
                 async for chunk in response.aiter_bytes():
                     for data in events.feed(chunk):
-                        message = _json_message(data)
+                        message = json_message(data)
                         if message is not None and _answers(message, request_id):
                             return message
                     self.pool.buffer.give(held)  # held anew: what the reader holds now
@@ -604,68 +537,6 @@ def _acceptable(response: httpx.Response, content: bytes) -> bool:
     except msgspec.DecodeError:
         return False
     return isinstance(message, dict) and message.get("jsonrpc") == "2.0"
-
-
-class EventTooLarge(Exception):
-    """An SSE line or event of the upstream's over the limit."""
-
-
-_LINE_END = re.compile(rb"\r\n|\r|\n")
-
-
-class EventReader:
-    """The `data` of each SSE event in a byte stream (multi-line data joined), holding
-    at most `limit` bytes of the line and event being read. Each byte is looked at once."""
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self._line: list[bytes] = []  # the pieces of the line being read
-        self._line_size = 0
-        self._data: list[bytes] = []  # the data lines of the event being read
-        self._data_size = 0
-        self._after_cr = False  # the last chunk ended in CR: a LF first is its pair
-
-    @property
-    def held(self) -> int:
-        return self._line_size + self._data_size
-
-    def feed(self, chunk: bytes) -> list[bytes]:
-        """The events `chunk` completes; raises EventTooLarge past the limit."""
-        events: list[bytes] = []
-        if not chunk:
-            return events
-        start = 1 if self._after_cr and chunk.startswith(b"\n") else 0
-        self._after_cr = False
-        while (end := _LINE_END.search(chunk, start)) is not None:
-            piece = chunk[start : end.start()]
-            line = b"".join((*self._line, piece)) if self._line else piece
-            self._line, self._line_size = [], 0
-            start = end.end()
-            self._after_cr = start == len(chunk) and end.group() == b"\r"
-            self._read(line, events)
-        if start < len(chunk):
-            self._line.append(chunk[start:])
-            self._line_size += len(chunk) - start
-        if self.held > self.limit:
-            raise EventTooLarge
-        return events
-
-    def _read(self, line: bytes, events: list[bytes]) -> None:
-        if line.startswith(b"data:"):
-            value = line[6:] if line[5:6] == b" " else line[5:]
-            self._data.append(value)
-            self._data_size += len(value) + 1
-        elif not line and self._data:
-            events.append(b"\n".join(self._data))
-            self._data, self._data_size = [], 0
-
-
-def _json_message(data: bytes) -> dict[str, Any] | None:
-    with contextlib.suppress(msgspec.DecodeError):
-        message = msgspec.json.decode(data)
-        if isinstance(message, dict):
-            return message
-    return None
 
 
 def _answers(message: dict[str, Any], request_id: Any) -> bool:

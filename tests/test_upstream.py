@@ -8,7 +8,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from hub.upstream import READ_SIZE, EventReader, EventTooLarge, Pool
+from hub.event_reader import EventReader, EventTooLarge
+from hub.upstream_pool import READ_SIZE, Pool
 
 STREAM = (
     b": a comment\r\n"
