@@ -79,7 +79,7 @@ class Hub:
             replicas=config.replicas,
             publish=self._kept_changed,
             remove=self._removed,
-            in_snapshot=lambda task_id: self.cache.get(task_id) is not None,
+            in_snapshot=self._in_store,
         )
         # An upstream's own listen, held for list changes it does not announce on NATS.
         self.upstream_events = UpstreamEvents(self.fanout, self.events.announcing)
@@ -202,6 +202,11 @@ class Hub:
         if self._owner_watchers:
             for callback in list(self._owner_watchers.get(snapshot.owner, ())):
                 callback(snapshot)
+
+    async def _in_store(self, task_id: str) -> bool:
+        """Whether the bucket holds the task (cached, or read through; raises
+        StoreUnavailable)."""
+        return await self.source.read_through(task_id) is not None
 
     def current(self, task_id: str) -> TaskSnapshot | None:
         """The task's state, the snapshot's or, if an upstream keeps it, the last observed."""

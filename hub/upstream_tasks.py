@@ -44,6 +44,7 @@ from hub.auth import Identity
 from hub.cache import TaskSnapshot
 from hub.kept_bucket import KeptBucket
 from hub.kept_tasks import CredentialHasher, ForeignTaskError, KeptTask, KeptTasks, task_from_result
+from hub.nats_source import StoreUnavailable
 from hub.upstream import Answer, Upstream, UpstreamError
 
 log = logging.getLogger("taskhub.kept")
@@ -102,7 +103,7 @@ class UpstreamTasks:
         replicas: int,
         publish: Callable[[TaskSnapshot], None],
         remove: Callable[[TaskSnapshot], None],
-        in_snapshot: Callable[[str], bool],
+        in_snapshot: Callable[[str], Awaitable[bool]],
     ) -> None:
         self.auth = auth
         self.default_interval = default_interval
@@ -162,8 +163,14 @@ class UpstreamTasks:
         kept = self.kept.get(task.taskId)
         if kept is not None and kept.upstream != upstream.spec.label:
             return  # ids are the upstreams' own: the first to name one keeps it
-        if not self._in_snapshot(task.taskId):
-            await self._observe(upstream.spec.label, task, caller)
+        try:
+            # The store, not only the cache: a bridge-written task's CreateTaskResult can
+            # pass before the watch brings the task, and it is the snapshot's all the same.
+            if await self._in_snapshot(task.taskId):
+                return
+        except StoreUnavailable:
+            return  # cannot tell: not recorded (the upstream is asked when it is wanted)
+        await self._observe(upstream.spec.label, task, caller)
 
     def visible(self, caller: Caller) -> list[TaskSnapshot]:
         """Every kept task `caller` may read (the legacy door's `tasks/list`)."""
@@ -298,8 +305,10 @@ class UpstreamTasks:
         except ForeignTaskError as exc:
             fault = UpstreamError(502, "invalid", f"tasks/get answer is no task ({exc})")
             raise fault.rpc_error(upstream.spec.label) from None
-        if self._in_snapshot(task_id):
-            raise jsonrpc.task_not_found()  # the snapshot's task, asked here: not the upstream's
+        if kept is None:  # learning it: the snapshot's task, asked here, is not the upstream's
+            with contextlib.suppress(StoreUnavailable):
+                if await self._in_snapshot(task_id):
+                    raise jsonrpc.task_not_found()
         return await self._observe(upstream.spec.label, task, caller)
 
     async def _ask(

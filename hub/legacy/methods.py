@@ -58,9 +58,11 @@ def tasks_list(
     `LIST_PAGE` at a time; the cursor names the last task of the page before (opaque to the
     client; a malformed one is -32602)."""
     after = _cursor_position(params.get("cursor"))
+    by_id = {task["taskId"]: task for task in map(decoded, kept or ())}
+    by_id.update((task["taskId"], task) for task in map(decoded, hub.cache.owned_by(principal)))
     tasks = sorted(
-        ((task["createdAt"], task["taskId"]), task)
-        for task in map(decoded, [*hub.cache.owned_by(principal), *(kept or ())])
+        (((task["createdAt"], task_id), task) for task_id, task in by_id.items()),
+        key=lambda item: item[0],
     )
     page = [(key, task) for key, task in tasks if after is None or key > after][: LIST_PAGE + 1]
     result: dict[str, Any] = {"tasks": [legacy_task(task) for _, task in page[:LIST_PAGE]]}
