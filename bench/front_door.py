@@ -1,16 +1,23 @@
 """Scenario (g), the front door: closed-loop `tools/call` on C keep-alive connections to an
-`mcp` SDK server (bench/upstream.py), called directly and through `taskhub serve --upstream`
-in turn: req/s, p50/p99, and CPU per call of the hub and of the upstream, for each answer
-form (FRONT_DOOR_CALLS).
+`mcp` SDK server (bench/upstream.py), called directly, through `taskhub serve --upstream`
+and through nginx's `proxy_pass` (the peer a user would otherwise put there,
+bench/peers/nginx.py; left out when nginx is not installed) in turn, the order rotating
+per repetition: req/s, p50/p99, and CPU per call of the proxy and of the upstream, for
+each answer form (FRONT_DOOR_CALLS).
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from bench.control import Worker
-from bench.harness import Harness, Server, bucket_name, server_stats
+from bench.harness import Harness, HarnessError, Server, bucket_name, server_stats
+from bench.peers import nginx
+from bench.peers.server import PeerServer
+from bench.peers.server import stop as stop_peer
+from bench.peers.tree import ProcessTree
 from bench.sizes import Sizes
 from bench.stats import Metrics, medians
 
@@ -40,29 +47,40 @@ FRONT_DOOR_CALLS = (
 FRONT_DOOR_JSON_NAME = "json"  # the json_response=True upstream at /servers/json/mcp
 
 
+@dataclass(frozen=True)
+class Leg:
+    """One way to the upstream: where the load generator connects, and the CPU seconds of
+    the proxy on the way (None: the upstream itself)."""
+
+    name: str  # direct | hub | nginx
+    port: int
+    proxy_cpu: Callable[[], float] | None
+    hub: Server | None = None  # profiled with --profile
+
+
 async def _tools_call_window(
     h: Harness,
     loadgen: Worker,
     s: Sizes,
     call: FrontDoorCall,
-    target: Server,
+    leg: Leg,
     path: str,
     upstream: Server,
 ) -> Metrics:
-    """Closed-loop tools/call at `target` (the upstream itself, or the hub in front of it):
-    req/s, latency, and CPU per call of every server on the path."""
-    path_servers = [target] if target is upstream else [target, upstream]
+    """Closed-loop tools/call along `leg`: req/s, latency, and CPU per call of the proxy
+    (if any) and of the upstream."""
     recording = None
-    if target is not upstream:
+    if leg.hub is not None:
         recording = await h.record(
-            target, f"front-door-{call.key}", s.warmup_seconds + s.front_door_seconds
+            leg.hub, f"front-door-{call.key}", s.warmup_seconds + s.front_door_seconds
         )
     seen = await server_stats(upstream)
-    cpu = [server.child.cpu_seconds() for server in path_servers]
+    sources = [upstream.child.cpu_seconds] + ([leg.proxy_cpu] if leg.proxy_cpu else [])
+    cpu = [source() for source in sources]
     result = await loadgen.call(
         "tools_call",
         s.front_door_seconds + 120,
-        port=target.port,
+        port=leg.port,
         path=path,
         tool=call.tool,
         progress=call.progress,
@@ -70,15 +88,12 @@ async def _tools_call_window(
         warmup=s.warmup_seconds,
         seconds=s.front_door_seconds,
     )
-    cpu = [
-        server.child.cpu_seconds() - before
-        for server, before in zip(path_servers, cpu, strict=True)
-    ]
+    cpu = [source() - before for source, before in zip(sources, cpu, strict=True)]
     await h.report_profile(recording)
     stats = await server_stats(upstream)
     reached = stats["requests"] - seen["requests"]
     calls = max(1, result["all_requests"])
-    where = "direct" if target is upstream else "through the hub"
+    where = "direct" if leg.proxy_cpu is None else f"through {leg.name}"
     # A rare failed call is a finding to report (the hub's error names the fault), not a
     # reason to lose the run; many mean the setup is broken.
     if result["all_errors"]:
@@ -100,15 +115,28 @@ async def _tools_call_window(
         "p99_ms": result["p99_ms"],
         "sse_fraction": result["sse_answers"] / max(1, result["requests"]),
         "client_cpu_cores": result["client_cpu_s"] / (s.warmup_seconds + s.front_door_seconds),
-        # Upstream CPU per call: the last server on the path.
-        "upstream_us_per_request": cpu[-1] / calls * 1e6,
+        "upstream_us_per_request": cpu[0] / calls * 1e6,
         # Connections the upstream saw for the first time: direct, the load generator's
-        # (new each window); through the hub, the pool's (~0 once warm, if it keeps them).
+        # (new each window); through a proxy, its pool's (~0 once warm, if it keeps them).
         "new_upstream_connections": stats["connections"] - seen["connections"],
     }
-    if target is not upstream:
-        window["us_per_request"] = cpu[0] / calls * 1e6  # the hub's, per forwarded call
+    if leg.proxy_cpu is not None:
+        window["us_per_request"] = cpu[1] / calls * 1e6  # the proxy's, per forwarded call
     return window
+
+
+async def _nginx_proxy(h: Harness, routes: dict[str, int]) -> PeerServer | None:
+    if not await h.peers.available("nginx"):
+        return None
+    try:
+        return await nginx.start_proxy(h, routes)
+    except (HarnessError, OSError) as exc:
+        h.peers.skip("nginx", f"did not start: {str(exc).splitlines()[0][:160]}")
+        return None
+
+
+def _tree_cpu(tree: ProcessTree) -> Callable[[], float]:
+    return lambda: sum(tree.cpu_by_member().values())
 
 
 async def front_door(h: Harness, s: Sizes, repeat: int) -> Metrics:
@@ -128,18 +156,25 @@ async def front_door(h: Harness, s: Sizes, repeat: int) -> Metrics:
             f"{FRONT_DOOR_JSON_NAME}=http://127.0.0.1:{json_mode.port}/mcp",
         ],
     )
+    json_path = f"/servers/{FRONT_DOOR_JSON_NAME}/mcp"
+    proxy = await _nginx_proxy(h, {"/mcp": default.port, json_path: json_mode.port})
     runs: list[Metrics] = []
     for rep in range(repeat):
         run: Metrics = {"connections": s.front_door_connections}
         for call in FRONT_DOOR_CALLS:
             upstream = json_mode if call.json_response else default
-            hub_path = f"/servers/{FRONT_DOOR_JSON_NAME}/mcp" if call.json_response else "/mcp"
-            legs = [("direct", upstream, "/mcp"), ("hub", hub, hub_path)]
-            if rep % 2:  # alternate which goes first, so drift within a repetition evens out
-                legs.reverse()
-            for leg, target, path in legs:
-                window = await _tools_call_window(h, loadgen, s, call, target, path, upstream)
-                prefix = f"{call.key}_{leg}_"
+            path = json_path if call.json_response else "/mcp"
+            legs = [
+                (Leg("direct", upstream.port, None), "/mcp"),
+                (Leg("hub", hub.port, hub.child.cpu_seconds, hub), path),
+            ]
+            if proxy is not None:
+                legs.append((Leg("nginx", proxy.port, _tree_cpu(proxy.tree)), path))
+            # Rotate which goes first, so drift within a repetition evens out.
+            legs = legs[rep % len(legs) :] + legs[: rep % len(legs)]
+            for leg, leg_path in legs:
+                window = await _tools_call_window(h, loadgen, s, call, leg, leg_path, upstream)
+                prefix = f"{call.key}_{leg.name}_"
                 keys = (
                     "rps",
                     "errors",
@@ -151,20 +186,23 @@ async def front_door(h: Harness, s: Sizes, repeat: int) -> Metrics:
                 )
                 for key in keys:
                     run[prefix + key] = window[key]
-                if leg == "hub":
-                    run[f"{call.key}_hub_us_per_request"] = window["us_per_request"]
-                    run[f"{call.key}_upstream_us_per_request"] = window["upstream_us_per_request"]
-                else:
+                if leg.name == "direct":
                     run[f"{call.key}_direct_us_per_request"] = window["upstream_us_per_request"]
-            run[f"{call.key}_ratio"] = run[f"{call.key}_hub_rps"] / max(
-                run[f"{call.key}_direct_rps"], 1e-9
-            )
+                else:
+                    run[prefix + "us_per_request"] = window["us_per_request"]
+                    run[prefix + "upstream_us_per_request"] = window["upstream_us_per_request"]
+            direct = run[f"{call.key}_direct_rps"]
+            run[f"{call.key}_ratio"] = run[f"{call.key}_hub_rps"] / max(direct, 1e-9)
+            if proxy is not None:
+                run[f"{call.key}_nginx_ratio"] = run[f"{call.key}_nginx_rps"] / max(direct, 1e-9)
             h.log(
                 f"front_door #{rep + 1} {call.key}: direct {run[f'{call.key}_direct_rps']:,.0f}/s, "
                 f"through the hub {run[f'{call.key}_hub_rps']:,.0f}/s "
                 f"({run[f'{call.key}_ratio']:.2f}×)"
             )
         runs.append(run)
+    if proxy is not None:
+        await stop_peer(h, proxy.tree)
     for server in (hub, default, json_mode):
         await h.stop(server)
     await h.close_worker(loadgen)

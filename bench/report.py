@@ -245,30 +245,62 @@ def _writes(r: dict[str, float]) -> list[Row]:
 
 
 def _front_door(r: dict[str, float]) -> list[Row]:
+    """Per answer form: the rate through the hub beside direct and through nginx, then the
+    CPU each proxy spends per call; the targets of issue 40 where they apply."""
     rows: list[Row] = []
     for call in FRONT_DOOR_CALLS:
         k = call.key
         if f"{k}_hub_rps" not in r:
             continue
         label = f"front door ({r['connections']:.0f} connections, tools/call)" if not rows else ""
+        nginx = f"{k}_nginx_rps" in r
+        added = (
+            f"{r[f'{k}_hub_p50_ms'] - r[f'{k}_direct_p50_ms']:+.1f} / "
+            f"{r[f'{k}_hub_p99_ms'] - r[f'{k}_direct_p99_ms']:+.1f} ms added"
+        )
+        rate_reference = (
+            f"upstream direct {_n(r[f'{k}_direct_rps'])}; {_ms(r[f'{k}_direct_p50_ms'])} / "
+            f"{_ms(r[f'{k}_direct_p99_ms'])} ms → **{r[f'{k}_ratio']:.2f}×**"
+        )
+        hub_cpu = r[f"{k}_hub_us_per_request"]
+        upstream_share = hub_cpu / max(r[f"{k}_direct_us_per_request"], 1e-9)
+        cpu_reference = (
+            f"upstream direct {r[f'{k}_direct_us_per_request']:,.0f} µs → hub "
+            f"**{upstream_share:.2f}×** of it"
+        )
+        json_answer = k != "sse"
+        floor = 0.95 if json_answer else 0.9
+        rate_target = f"≥ {floor}× direct {_mark(r[f'{k}_ratio'] >= floor)}"
+        cpu_target = f"≤ 0.25× upstream {_mark(upstream_share <= 0.25)}" if json_answer else ""
+        if nginx:
+            rate_reference += (
+                f"; nginx {_n(r[f'{k}_nginx_rps'])}; {_ms(r[f'{k}_nginx_p50_ms'])} / "
+                f"{_ms(r[f'{k}_nginx_p99_ms'])} ms → {r[f'{k}_nginx_ratio']:.2f}×"
+            )
+            nginx_cpu = r[f"{k}_nginx_us_per_request"]
+            to_nginx = hub_cpu / max(nginx_cpu, 1e-9)
+            cpu_reference += (
+                f"; nginx {nginx_cpu:,.0f} µs ({r[f'{k}_nginx_upstream_us_per_request']:,.0f} "
+                f"µs) → hub **{to_nginx:.1f}×** nginx"
+            )
+            if json_answer:
+                cpu_target += f", ≤ 2× nginx {_mark(to_nginx <= 2)}"
         rows += [
             (
                 label,
                 f"{call.label}: tools/call req/s; p50 / p99",
                 f"**{_n(r[f'{k}_hub_rps'])}**; {_ms(r[f'{k}_hub_p50_ms'])} / "
-                f"{_ms(r[f'{k}_hub_p99_ms'])} ms",
-                f"upstream direct {_n(r[f'{k}_direct_rps'])}; {_ms(r[f'{k}_direct_p50_ms'])} / "
-                f"{_ms(r[f'{k}_direct_p99_ms'])} ms → **{r[f'{k}_ratio']:.2f}×**",
-                "",
+                f"{_ms(r[f'{k}_hub_p99_ms'])} ms ({added})",
+                rate_reference,
+                rate_target,
             ),
             (
                 "",
-                "CPU per tools/call: hub (upstream behind it); new upstream connections",
-                f"{r[f'{k}_hub_us_per_request']:,.0f} µs "
-                f"({r[f'{k}_upstream_us_per_request']:,.0f} µs); "
+                "CPU per tools/call: proxy (upstream behind it); new upstream connections",
+                f"hub {hub_cpu:,.0f} µs ({r[f'{k}_hub_upstream_us_per_request']:,.0f} µs); "
                 f"{_n(r[f'{k}_hub_new_upstream_connections'])}",
-                f"upstream direct {r[f'{k}_direct_us_per_request']:,.0f} µs",
-                "",
+                cpu_reference,
+                cpu_target,
             ),
         ]
     return rows

@@ -60,7 +60,7 @@ REQUIRED = {
             "direct_p50_ms",
             "direct_p99_ms",
             "hub_us_per_request",
-            "upstream_us_per_request",
+            "hub_upstream_us_per_request",
             "direct_us_per_request",
         )
     ),
@@ -272,6 +272,26 @@ def test_front_door_rows_show_each_answer_form_beside_the_direct_call() -> None:
     rate_rows = rows[::2]
     assert [row[1].split(":")[0] for row in rate_rows] == [c.label for c in FRONT_DOOR_CALLS]
     assert all("**500**" in row[2] and "→ **0.50×**" in row[3] for row in rate_rows)
+    assert all("✗ missed" in row[4] for row in rate_rows)  # 0.50× direct misses its floor
+    assert all("nginx" not in row[3] for row in rows)  # no nginx figures: no nginx column
+
+
+def test_front_door_rows_hold_the_hub_to_nginx_and_the_upstream() -> None:
+    r = dict.fromkeys(REQUIRED["front_door"], 1.0)
+    r["connections"] = 64.0
+    for call in FRONT_DOOR_CALLS:
+        k = call.key
+        r.update({f"{k}_hub_new_upstream_connections": 0.0, f"{k}_ratio": 1.0})
+        r.update({f"{k}_hub_us_per_request": 120.0, f"{k}_direct_us_per_request": 600.0})
+        r.update({f"{k}_nginx_rps": 1.0, f"{k}_nginx_p50_ms": 1.0, f"{k}_nginx_p99_ms": 1.0})
+        r.update({f"{k}_nginx_ratio": 1.0, f"{k}_nginx_upstream_us_per_request": 600.0})
+        r[f"{k}_nginx_us_per_request"] = 50.0  # the hub at 2.4× nginx: over its target
+    rows = report._front_door(r)
+    cpu_rows = {call.key: rows[2 * i + 1] for i, call in enumerate(FRONT_DOOR_CALLS)}
+    assert "hub **2.4×** nginx" in cpu_rows["json"][3]
+    assert "≤ 0.25× upstream ✓" in cpu_rows["json"][4]  # 120 of 600 µs
+    assert "≤ 2× nginx ✗ missed" in cpu_rows["json"][4]
+    assert cpu_rows["sse"][4] == ""  # SSE answers have a rate target only
 
 
 def _upstream_tasks_figures(**figures: float) -> dict[str, float]:

@@ -1,4 +1,5 @@
-"""nginx as a peer: nchan pub/sub (fan-out) and static files (`tasks/get`), one worker.
+"""nginx as a peer: nchan pub/sub (fan-out), static files (`tasks/get`) and a reverse proxy
+(the front door), one worker.
 
 The config is the bench's own, written to the run's work dir: loopback port, pid, error
 log and every temp path there, never /etc or /var; one worker process, as a one-core
@@ -8,6 +9,9 @@ of a buffer of one), the counterpart of the hub's initial snapshot. Static `task
 the hub's answer to a poll is stored per task as a file, and `POST /mcp` is answered
 with the file its `Mcp-Name` header names (static files answer POST with 405, which
 `error_page` turns into the file with a 200), with keep-alive and an open-file cache.
+The proxy is what deploy/router/nginx.conf runs in front of MCP servers: `proxy_pass` over
+HTTP/1.1 keep-alive connections to each upstream (64 kept), buffering off so an SSE answer
+streams, the client's `Host` and `X-Forwarded-For`/`-Proto` sent on.
 """
 
 from __future__ import annotations
@@ -51,7 +55,31 @@ def static_locations(root: Path) -> str:
 """
 
 
-def config(work: Path, port: int, locations: str, modules: list[Path]) -> str:
+def proxy_config(routes: dict[str, int]) -> tuple[str, str]:
+    """The `upstream` blocks and the locations proxying each path to its port."""
+    upstreams, locations = [], []
+    for i, (path, upstream_port) in enumerate(routes.items()):
+        upstreams.append(
+            f"  upstream up{i} {{ server 127.0.0.1:{upstream_port}; keepalive 64; }}\n"
+        )
+        locations.append(
+            f"""
+    location = {path} {{
+      proxy_pass http://up{i}/mcp;
+      proxy_http_version 1.1;
+      proxy_set_header Connection "";
+      proxy_set_header Host $host:$server_port;
+      proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;
+      proxy_set_header X-Forwarded-Proto $scheme;
+      proxy_buffering off;
+      proxy_cache off;
+    }}
+"""
+        )
+    return "".join(upstreams), "".join(locations)
+
+
+def config(work: Path, port: int, locations: str, modules: list[Path], http_extra: str = "") -> str:
     """An nginx.conf for one worker on 127.0.0.1:`port`, every path under `work`."""
     soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
     connections = max(1024, min(65_536, soft - 64))
@@ -78,7 +106,7 @@ http {{
   keepalive_requests 10000000;
   keepalive_timeout 300s;
   open_file_cache max=10000 inactive=300s;
-  server {{
+{http_extra}  server {{
     listen 127.0.0.1:{port} backlog=4096;
 {locations}
   }}
@@ -86,12 +114,14 @@ http {{
 """
 
 
-async def _start(h: Harness, name: str, locations: str, modules: list[Path]) -> PeerServer:
+async def _start(
+    h: Harness, name: str, locations: str, modules: list[Path], http_extra: str = ""
+) -> PeerServer:
     port = free_port()
     work = h.root / f"{name}-{port}"
     work.mkdir()
     conf = work / "nginx.conf"
-    conf.write_text(config(work, port, locations, modules))
+    conf.write_text(config(work, port, locations, modules, http_extra))
     log = work / "stderr.log"
     argv = [str(NGINX), "-p", str(work), "-c", str(conf), "-e", "stderr"]
     tree = await launch(h, name, argv, [port], log)
@@ -109,3 +139,9 @@ async def start_static(h: Harness, files: dict[str, bytes]) -> PeerServer:
     for task_id, body in files.items():
         (root / "tasks" / task_id).write_bytes(body)
     return await _start(h, "nginx", static_locations(root), [])
+
+
+async def start_proxy(h: Harness, routes: dict[str, int]) -> PeerServer:
+    """nginx proxying each path of `routes` to `/mcp` on its port (127.0.0.1)."""
+    upstreams, locations = proxy_config(routes)
+    return await _start(h, "nginx-proxy", locations, [], upstreams)
