@@ -20,7 +20,7 @@ from starlette.types import Receive, Scope, Send
 
 from hub import dashboard, jsonrpc
 from hub.config import Config
-from hub.endpoint import JSON, McpEndpoint, Reply, respond
+from hub.endpoint import JSON, Forwarding, McpEndpoint, Reply, respond
 from hub.hosts import HostRule
 from hub.legacy.endpoint import LegacyEndpoint
 from hub.legacy.sessions import Sessions
@@ -81,18 +81,19 @@ class HubApp:
         await self.rest(scope, receive, send)
 
     def answer_now(
-        self, path: str, headers: Mapping[str, str], body: bytes
-    ) -> Reply | ListenStream | None:
+        self, path: str, headers: Mapping[str, str], body: bytes, scope: Scope
+    ) -> Reply | ListenStream | Forwarding | None:
         """For the hub's connections (hub/connection.py): a whole `POST` request, its
         headers by lower-case name, answered without an ASGI task when it needs no I/O
-        (a listen stream then runs on the connection by itself); None otherwise."""
+        (a listen stream then runs on the connection by itself), or a forward the
+        connection runs itself; None otherwise."""
         if self.hosts is not None and not self.hosts.allows(headers.get("host")):
             self.hub.metrics.requests.inc(1, "-", "421")
             return MISDIRECTED
         endpoint = self.endpoints.get(path)
         if endpoint is None or isinstance(endpoint, LegacyEndpoint):
             return None  # the legacy door always takes the ASGI path
-        return endpoint.answer_now(headers, body)
+        return endpoint.answer_now(headers, body, scope)
 
 
 def create_app(config: Config, nats_url: str, hub: Hub | None = None) -> HubApp:
@@ -103,7 +104,7 @@ def create_app(config: Config, nats_url: str, hub: Hub | None = None) -> HubApp:
         "/mcp": McpEndpoint(hub),
         "/legacy/mcp": LegacyEndpoint(hub, sessions, None, "/mcp"),
     }
-    pool = None  # only a front door needs the HTTP client (making one is slow: its TLS)
+    pool = None  # only a front door needs the HTTP client
     if config.upstreams:
         pool = Pool(
             config.upstream_timeout,

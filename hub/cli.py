@@ -154,7 +154,7 @@ def configure_logging(config: Config) -> None:
         level=config.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    # httpx2 logs every forwarded request at INFO; the hub's metrics count them instead.
+    # httpx2 (the demo fleet's and `taskhub tail`'s client) logs every request at INFO.
     logging.getLogger("httpx2").setLevel(max(logging.WARNING, logging.getLogger().level))
 
 

@@ -38,10 +38,10 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Mapping
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import msgspec
-from starlette.types import Scope
+from starlette.types import Message, Scope, Send
 
 from hub import fast_lane
 from hub import uvicorn_internals as uv
@@ -78,6 +78,14 @@ class Detachable(Protocol):
     def run_on(self, transport: asyncio.Transport, default_headers: RawHeaders) -> None: ...
 
 
+class InPlace(Protocol):
+    """An answer that needs I/O (a forward, hub/endpoint.py), run by the connection as one
+    task with a `send` that writes to the socket: no uvicorn cycle, scope or ASGI task.
+    The connection cancels it when the client leaves."""
+
+    async def run_in_place(self, send: Send) -> None: ...
+
+
 class WholeResponse(msgspec.Struct, frozen=True, gc=False):
     """A response to write at once (a Struct: one is built for every request)."""
 
@@ -86,9 +94,82 @@ class WholeResponse(msgspec.Struct, frozen=True, gc=False):
     headers: RawHeaders
 
 
-# The app's `answer_now(path, headers, body)` for a whole POST: a response, a
-# `Detachable`, or None to decline.
-AnswerNow = Callable[[str, Mapping[str, str], bytes], "WholeResponse | Detachable | None"]
+# The app's `answer_now(path, headers, body, scope)` for a whole POST: a response, a
+# `Detachable`, an `InPlace`, or None to decline. `scope` holds the request's raw
+# `headers`, `client` and `scheme`, as an ASGI scope would.
+AnswerNow = Callable[
+    [str, Mapping[str, str], bytes, Scope], "WholeResponse | Detachable | InPlace | None"
+]
+
+
+class InPlaceCycle:
+    """One request answered by an `InPlace` on the connection: its `send` takes ASGI's
+    response messages and writes them as uvicorn's would, a whole answer's head with its
+    body in one write, a streaming one chunked; it waits for the drain when the socket's
+    buffer is full. The head of a streaming answer goes out with its first chunk if that
+    comes in the same turn of the loop, else alone right after."""
+
+    __slots__ = ("_chunked", "_done", "_head", "_protocol", "task")
+
+    def __init__(self, protocol: uv.Protocol, answer: InPlace) -> None:
+        self._protocol = protocol
+        self._head: bytes | None = None  # the head, until the first body bytes go with it
+        self._chunked = False
+        self._done = False  # the whole response is written
+        protocol.begin_in_place()
+        self.task = protocol.loop.create_task(self._run(answer))
+
+    async def _run(self, answer: InPlace) -> None:
+        try:
+            await answer.run_in_place(self.send)
+        except asyncio.CancelledError:
+            pass  # the client left (counted by the answer)
+        except Exception:
+            self._protocol.logger.exception("answering in place failed")
+            if self._head is None and not self._done:
+                self._protocol.transport.write(_INTERNAL_ERROR)
+                self._done = True
+        finally:
+            self._protocol.end_in_place(self._done)
+
+    async def send(self, message: Message) -> None:
+        protocol = self._protocol
+        if message["type"] == "http.response.start":
+            headers = message.get("headers", [])
+            framed = any(name == b"content-length" for name, _ in headers)
+            self._chunked = not framed
+            framing = b"" if framed else b"transfer-encoding: chunked\r\n"
+            self._head = protocol.response_head(message["status"], headers, framing)
+            if self._chunked:
+                protocol.loop.call_soon(self._flush_head)
+            return
+        body = message.get("body", b"")
+        more = message.get("more_body", False)
+        if self._chunked:
+            data = uv.chunk(body) if body else b""
+            if not more:
+                data += uv.LAST_CHUNK
+        else:
+            data = body
+        if self._head is not None:
+            data, self._head = self._head + data, None
+        if data and not protocol.transport.is_closing():
+            protocol.transport.write(data)
+        if not more:
+            self._done = True
+        elif protocol.write_paused():
+            await protocol.drain()
+
+    def _flush_head(self) -> None:
+        head, self._head = self._head, None
+        if head is not None and not self._protocol.transport.is_closing():
+            self._protocol.transport.write(head)
+
+
+_INTERNAL_ERROR = (
+    b"HTTP/1.1 500 Internal Server Error\r\ncontent-type: text/plain; charset=utf-8\r\n"
+    b"content-length: 21\r\nconnection: close\r\n\r\nInternal Server Error"
+)
 
 
 class DirectChannel:
@@ -197,6 +278,7 @@ def hub_protocol(
             # Loop time since which the connection owes us a complete request head:
             # from the connection, or from the previous response (the idle keep-alive).
             self.waiting_since: float | None = None
+            self._in_place: InPlaceCycle | None = None  # the last request answered in place
             self._connection = Connection(self)
             self.extensions[CONNECTION] = self._connection
 
@@ -207,8 +289,9 @@ def hub_protocol(
             if request is None or self.over_concurrency_limit():
                 return False
             head, body = request
+            scope = {"client": self.client, "scheme": self.scheme, "headers": head.raw}
             try:
-                reply = answer_now(head.path, head.headers, body)
+                reply = answer_now(head.path, head.headers, body, scope)
             except Exception:
                 self.logger.exception("answering in place failed; the app answers instead")
                 return False
@@ -217,6 +300,8 @@ def hub_protocol(
             self.waiting_since = None  # the head is in: as `head_complete`
             if isinstance(reply, WholeResponse):
                 self.respond_at_rest(reply.status, reply.headers, reply.body)
+            elif hasattr(reply, "run_in_place"):  # not `isinstance`: a Protocol's is slow
+                self._in_place = InPlaceCycle(self, cast(InPlace, reply))
             else:
                 self.detach(reply)
             return True
@@ -248,6 +333,9 @@ def hub_protocol(
         def disconnected(self) -> None:
             self.waiting_since = None
             self._connection.lost()
+            if self._in_place is not None:
+                self._in_place.task.cancel()  # done already, or the client left: it ends
+                self._in_place = None
 
     async def _sweep(connections: set[Any]) -> None:
         """Close connections that owe a request head for longer than the deadline;

@@ -32,6 +32,7 @@ from hub.headers import encode_headers, header_map
 from hub.metrics import Metrics
 from hub.nats_source import StoreUnavailable
 from hub.protocol import (
+    LEGACY_METHODS,
     METHODS,
     Forward,
     Notification,
@@ -49,6 +50,9 @@ from hub.upstream_tasks import Caller, PassThrough
 # The methods answered in place when cached (by their Mcp-Method header, a hint only:
 # the app's path checks it against the body), and a missing header, which gets its error.
 _ANSWERED_NOW = frozenset({"tasks/get", "server/discover", "subscriptions/listen", None})
+# The hub's own methods that need I/O: the app's path (at an upstream's endpoint, every
+# other method is forwarded, and a forward is started in place).
+_HUBS_OWN = (METHODS | LEGACY_METHODS) - _ANSWERED_NOW
 ANONYMOUS = Identity("anonymous", None)  # every caller when authentication is off
 JSON = (b"content-type", b"application/json")
 # The headers of most replies. Never changed: a connection encodes it once, by identity.
@@ -88,12 +92,31 @@ class Forwarding(NamedTuple):
     outgoing: Outgoing
     metrics: Metrics
     watch: Watch | None = None  # what sees a task the answer creates
+    extra_headers: RawHeaders | None = None  # CORS, when it runs on the connection
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        outcome = await self.upstream.forward(
+        """The ASGI path: ended when `receive` says the client left."""
+        outcome = await self.upstream.forward_until_gone(
             receive, send, self.body, self.request_id, *self.outgoing, self.watch
         )
         self.metrics.upstream_requests.inc(1, self.upstream.spec.label, outcome)
+
+    async def run_in_place(self, send: Send) -> None:
+        """On the connection itself (hub/connection.py), which cancels it when the client
+        leaves."""
+        label = self.upstream.spec.label
+        try:
+            outcome = await self.upstream.forward(
+                adding_headers(send, self.extra_headers or []),
+                self.body,
+                self.request_id,
+                *self.outgoing,
+                self.watch,
+            )
+        except asyncio.CancelledError:
+            self.metrics.upstream_requests.inc(1, label, "client_gone")
+            raise
+        self.metrics.upstream_requests.inc(1, label, outcome)
 
 
 Responder = ListenStream | Forwarding
@@ -153,13 +176,7 @@ class McpEndpoint:
         if isinstance(request, Reply):
             return request
         if isinstance(request, Forward):
-            assert self.upstream is not None
-            outgoing = self._outgoing(scope, head, identity)
-            watch = None
-            if request.method == "tools/call":
-                caller = self._caller(outgoing, identity, headers, None)
-                watch = self.hub.upstream_tasks.watcher(self.upstream, caller)
-            return Forwarding(self.upstream, body, request.id, outgoing, self.hub.metrics, watch)
+            return self._forwarding(scope, head, headers, identity, request, body)
         try:
             if request.method == "server/discover" and self.upstream is not None:
                 outgoing = self._outgoing(scope, head, identity)
@@ -206,6 +223,28 @@ class McpEndpoint:
         answer = await tasks.steer(request.task_id, body, request.id, caller, self.upstream)
         return _passed(answer, cors, request.method)
 
+    def _forwarding(
+        self,
+        scope: Scope,
+        head: RawHeaders,
+        headers: Mapping[str, str],
+        identity: Identity,
+        request: Forward,
+        body: bytes,
+        extra_headers: RawHeaders | None = None,
+    ) -> Forwarding:
+        assert self.upstream is not None
+        outgoing = self._outgoing(scope, head, identity)
+        watch = None
+        if request.method == "tools/call":
+
+            def caller() -> Caller:
+                return self._caller(outgoing, identity, headers, None)
+
+            watch = self.hub.upstream_tasks.watcher(self.upstream, caller)
+        metrics = self.hub.metrics
+        return Forwarding(self.upstream, body, request.id, outgoing, metrics, watch, extra_headers)
+
     def _outgoing(self, scope: Scope, head: RawHeaders, identity: Identity) -> Outgoing:
         """The head to send upstream and the caller to count the request against."""
         client = scope.get("client")
@@ -234,11 +273,16 @@ class McpEndpoint:
         kept = [(k, v) for k, v in answer.headers if k != b"content-type"]
         return Reply(answer.status, merged, [JSON, *kept, *cors], "ok", request.method)
 
-    def answer_now(self, headers: Mapping[str, str], body: bytes) -> Reply | ListenStream | None:
-        """The reply to a whole `POST` request (`headers` by lower-case name), or the
-        listen stream to run on its connection, if no I/O is needed; else None, with
-        nothing done that `__call__` would then do again."""
-        reply = self._reply_now(headers, body)
+    def answer_now(
+        self, headers: Mapping[str, str], body: bytes, scope: Scope
+    ) -> Reply | ListenStream | Forwarding | None:
+        """The reply to a whole `POST` request (`headers` by lower-case name), the listen
+        stream to run on its connection if no I/O is needed, or the forward to run on it;
+        else None, with nothing done that `__call__` would then do again. `scope` holds
+        what a forward needs of the request: its raw `headers`, `client` and `scheme`."""
+        reply = self._reply_now(headers, body, scope)
+        if isinstance(reply, Forwarding):
+            return reply
         if reply is not None:
             metrics = self.hub.metrics
             if isinstance(reply, ListenStream):
@@ -248,8 +292,11 @@ class McpEndpoint:
             metrics.answered_in_place.inc()
         return reply
 
-    def _reply_now(self, headers: Mapping[str, str], body: bytes) -> Reply | ListenStream | None:
-        if headers.get("mcp-method") not in _ANSWERED_NOW:
+    def _reply_now(
+        self, headers: Mapping[str, str], body: bytes, scope: Scope
+    ) -> Reply | ListenStream | Forwarding | None:
+        method = headers.get("mcp-method")
+        if method not in _ANSWERED_NOW and (self.upstream is None or method in _HUBS_OWN):
             return None  # not worth reading twice: the app reads it (and checks the header)
         cors, identity = self._admit("POST", headers)
         if isinstance(identity, Reply):
@@ -265,7 +312,8 @@ class McpEndpoint:
         if isinstance(request, Reply):
             return request
         if isinstance(request, Forward):
-            return None
+            head = scope["headers"]
+            return self._forwarding(scope, head, headers, identity, request, body, cors)
         try:
             answer = self._dispatch_now(request, identity)
         except jsonrpc.RpcError as err:

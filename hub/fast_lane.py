@@ -46,6 +46,7 @@ class Head(NamedTuple):
     path: str
     headers: Mapping[str, str]  # lower-case names; shared by requests with the same head
     length: int  # the body's Content-Length
+    raw: list[tuple[bytes, bytes]]  # the same as an ASGI scope's: what a forward sends on
 
 
 # A whole request: its head, and its body (a plain pair: built for every request).
@@ -116,7 +117,7 @@ class Heads:
         return head
 
 
-_UNKNOWN = Head("", {}, -1)  # a marker, never a parse
+_UNKNOWN = Head("", {}, -1, [])  # a marker, never a parse
 
 
 def _read_head(data: bytes, limits: HeadLimits) -> Head | None:
@@ -152,4 +153,5 @@ def _read_head(data: bytes, limits: HeadLimits) -> Head | None:
         return None
     if connection is not None and connection.lower() != "keep-alive":
         return None
-    return Head(target, headers, int(length))
+    raw = [(name.encode("latin-1"), value.encode("latin-1")) for name, value in headers.items()]
+    return Head(target, headers, int(length), raw)

@@ -6,7 +6,9 @@ states who the client is itself: `X-Forwarded-For`, `-Host` and `-Proto` are rep
 `Forwarded` and `X-Real-IP` dropped, unless the peer is a proxy the operator trusts
 (`--trusted-proxy`), whose own statements are kept and extended. The hub's token cookie
 is the hub's alone: it is taken out of the `Cookie` going upstream, and an upstream's
-`Set-Cookie` for it never reaches the browser. Pure functions on raw ASGI header lists.
+`Set-Cookie` for it never reaches the browser. The hub reads (and decodes) every answer
+before relaying it, so `Accept-Encoding` goes upstream naming only the codings it decodes
+(hub/upstream_http.py). Pure functions on raw ASGI header lists.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import ipaddress
 from collections.abc import Iterable
 
 from hub.auth import COOKIE_NAME
+from hub.upstream_http import DECODABLE
 
 RawHeaders = list[tuple[bytes, bytes]]
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -38,8 +41,8 @@ _NOT_FORWARDED = HOP_BY_HOP | {b"host", b"content-length"}
 _CLIENT_STATEMENTS = frozenset(
     {b"x-forwarded-for", b"x-forwarded-host", b"x-forwarded-proto", b"forwarded", b"x-real-ip"}
 )
-_SPECIAL = _CLIENT_STATEMENTS | {b"cookie"}  # looked at more closely
-# httpx decodes what it receives, and the hub frames the answer anew.
+_SPECIAL = _CLIENT_STATEMENTS | {b"cookie", b"accept-encoding"}  # looked at more closely
+# The hub decodes what it receives (hub/upstream_http.py) and frames the answer anew.
 _NOT_RETURNED = HOP_BY_HOP | {b"content-length", b"content-encoding"}
 _COOKIE = COOKIE_NAME.encode()
 
@@ -93,6 +96,10 @@ def request_headers(
         if name in _SPECIAL:
             if name == b"cookie":
                 value = _without_our_cookie(value)
+                if value:
+                    out.append((name, value))
+            elif name == b"accept-encoding":
+                value = _decodable(value)
                 if value:
                     out.append((name, value))
             elif peer in trusted:
@@ -156,6 +163,16 @@ def _named_in_connection(headers: Iterable[tuple[bytes, bytes]]) -> frozenset[by
         return frozenset()
     tokens = (token.strip().lower() for value in named for token in value.split(b","))
     return frozenset(token for token in tokens if token)
+
+
+def _decodable(value: bytes) -> bytes:
+    """An `Accept-Encoding` less the codings the hub cannot decode (their weights kept)."""
+    kept = [
+        item.strip()
+        for item in value.split(b",")
+        if item.split(b";", 1)[0].strip().lower() in DECODABLE
+    ]
+    return b", ".join(kept) or b"identity"
 
 
 def _without_our_cookie(value: bytes) -> bytes:

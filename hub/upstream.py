@@ -1,11 +1,12 @@
 """The hub as front door: every request it does not answer itself goes to an upstream MCP server.
 
 An `Upstream` is one MCP endpoint (one server, or a load balancer over identical replicas)
-reached through a pooled HTTP client (httpx2). `forward` sends the client's body and
-end-to-end headers unchanged and streams the reply back as it arrives: an SSE reply frame by
-frame (a tool call's progress and `input_required` requests reach the client as they are
-sent), a JSON reply whole once it has been read and checked. A client that disconnects
-closes the upstream request, which is how the upstream learns to cancel it.
+reached through the hub's own pooled HTTP/1.1 client (hub/upstream_http.py). `forward`
+sends the client's body and end-to-end headers unchanged and streams the reply back as it
+arrives: an SSE reply chunk by chunk (a tool call's progress and `input_required` requests
+reach the client as they are sent), a JSON reply whole once it has been read and checked.
+A client that disconnects closes the upstream request, which is how the upstream learns to
+cancel it.
 
 What the client gets when the upstream fails (docs/front-door.md#upstream-errors): a JSON-RPC
 error `-32603` naming the upstream and the fault, with HTTP 502 (refused, reset, an answer
@@ -29,9 +30,6 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-# httpx2 (pydantic's fork, also what the mcp SDK uses): its pool's cost per request stays
-# flat with concurrency, where httpcore 1.0.9's grows with every queued request.
-import httpx2 as httpx
 import msgspec
 from starlette.types import Receive, Send
 
@@ -39,16 +37,15 @@ from bridge.events import DEFAULT_SERVICE
 from hub import forwarding, jsonrpc
 from hub.event_reader import EventReader, EventTooLarge, json_message
 from hub.headers import encode_headers
-from hub.httpx2_internals import guard, guard_of, stray_after_end
 from hub.metrics import Metrics
+from hub.upstream_http import Origin, Response, UpstreamFault
 from hub.upstream_pool import Pool
 
 log = logging.getLogger("taskhub.upstream")
 
 RawHeaders = list[tuple[bytes, bytes]]
 MAX_JSON_REPLY = 64 << 20  # bytes; a JSON answer larger than this is refused, not buffered
-# What breaks an answer while it is read: the connection, or its content coding.
-BROKEN = (httpx.TransportError, httpx.DecodingError)
+EVENT_STREAM = b"text/event-stream"
 SEND_SLICE = 256 << 10  # a whole answer goes to the client in writes of this size
 WATCHED_EVENT = 1 << 20  # an SSE event larger than this carries no task worth recording
 Watch = Callable[[bytes], Awaitable[None]]
@@ -118,6 +115,7 @@ class UpstreamError(Exception):
 class Upstream:
     def __init__(self, spec: UpstreamSpec, pool: Pool, metrics: Metrics) -> None:
         self.spec = spec
+        self.origin = Origin.of(spec.url)
         self.pool = pool
         self.metrics = metrics
         self.up: bool | None = None  # unknown until the first answer
@@ -125,7 +123,6 @@ class Upstream:
 
     async def forward(
         self,
-        receive: Receive,
         send: Send,
         body: bytes,
         request_id: jsonrpc.RequestId | None,
@@ -138,7 +135,9 @@ class Upstream:
         `headers` go upstream as they are (`forwarding.request_headers` made them);
         `request_id` (read by the hub while routing) is what a failed forward answers.
         `watch` sees each JSON-RPC message of the answer that may carry a task (a JSON
-        answer, or an SSE event, naming `"task"`) before the client does."""
+        answer, or an SSE event, naming `"task"`) before the client does. Whoever runs it
+        cancels it when the client leaves (`forward_until_gone`, or the connection that
+        answers in place): the upstream's connection closes with it."""
         refusal = self.pool.admit(caller)
         if refusal is not None:
             error = jsonrpc.encode_error(request_id, refusal)
@@ -146,48 +145,69 @@ class Upstream:
             return "limited"
         try:
             try:
-                response = await self._open(self._request(body, headers), receive)
+                response = await self._send(body, headers)
             except UpstreamError as exc:
                 await self._fail(send, request_id, exc)
                 return exc.fault
-            if response is None:
-                return "client_gone"
             try:
-                if _is_event_stream(response):
-                    guard(response)  # pooled only if nothing follows the stream (`_overrun`)
-                    return await self._stream(response, receive, send, request_id, watch)
+                if response.media_type == EVENT_STREAM:
+                    return await self._stream(response, send, request_id, watch)
                 return await self._whole(response, send, request_id, watch)
             finally:
-                await response.aclose()
+                response.close()
         finally:
             self.pool.release(caller)
+
+    async def forward_until_gone(
+        self,
+        receive: Receive,
+        send: Send,
+        body: bytes,
+        request_id: jsonrpc.RequestId | None,
+        headers: RawHeaders,
+        caller: str,
+        watch: Watch | None = None,
+    ) -> str:
+        """`forward` for an ASGI request, ended when `receive` says the client left."""
+        forwarding = asyncio.ensure_future(
+            self.forward(send, body, request_id, headers, caller, watch)
+        )
+        gone = asyncio.ensure_future(_disconnected(receive))
+        try:
+            await asyncio.wait((forwarding, gone), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            gone.cancel()
+        if forwarding.done():
+            return forwarding.result()
+        forwarding.cancel()
+        await asyncio.wait((forwarding,))
+        return "client_gone"
 
     async def ask(self, body: bytes, headers: RawHeaders, caller: str, request_id: Any) -> Answer:
         """One request whose answer the hub reads itself (`server/discover`, the tasks the
         upstream keeps): from a JSON reply, or the message answering `request_id` on an SSE
         stream. Any 4xx passes as it came, as do errors in JSON-RPC."""
         with self.pool.slot(caller):
-            response = await self._send(self._request(body, headers))
+            response = await self._send(body, headers)
             try:
-                kept = forwarding.response_headers(response.headers.raw)
-                if _is_event_stream(response):
-                    guard(response)  # pooled only if nothing follows the stream (`_overrun`)
+                kept = forwarding.response_headers(response.headers)
+                if response.media_type == EVENT_STREAM:
                     message = await self._answer_on_stream(response, request_id)
                     kept = [(k, v) for k, v in kept if k != b"content-type"]
                     kept.append((b"content-type", b"application/json"))
-                    return Answer(response.status_code, kept, msgspec.json.encode(message), message)
+                    return Answer(response.status, kept, msgspec.json.encode(message), message)
                 content = await self._read_body(response)
                 try:
                     if not _acceptable(response, content):
-                        raise self._invalid(response, content)
+                        raise self._invalid(response)
                     message = json_message(content) if content else None
-                    if message is None and 200 <= response.status_code < 300:
-                        raise self._invalid(response, content)
+                    if message is None and 200 <= response.status < 300:
+                        raise self._invalid(response)
                 finally:
                     self.pool.buffer.give(len(content))
-                return Answer(response.status_code, kept, content, message)
+                return Answer(response.status, kept, content, message)
             finally:
-                await response.aclose()
+                response.close()
 
     async def messages(
         self, body: bytes, headers: RawHeaders, caller: str
@@ -196,26 +216,25 @@ class Upstream:
         `subscriptions/listen` at the upstream, hub/upstream_events.py). An answer that is
         no event stream raises `Declined` with what it said; faults are UpstreamErrors."""
         with self.pool.slot(caller):
-            response = await self._send(self._request(body, headers))
+            response = await self._send(body, headers)
             try:
-                if not _is_event_stream(response):
+                if response.media_type != EVENT_STREAM:
                     content = await self._read_body(response)
                     self.pool.buffer.give(len(content))
-                    raise Declined(response.status_code, json_message(content) if content else None)
-                guard(response)  # pooled only if nothing follows the stream
+                    raise Declined(response.status, json_message(content) if content else None)
                 events = EventReader(WATCHED_EVENT)
                 try:
-                    async for chunk in response.aiter_bytes():
+                    async for chunk in response.chunks():
                         for data in events.feed(chunk):
                             message = json_message(data)
                             if message is not None:
                                 yield message
                 except EventTooLarge:
                     raise self._failed(502, "invalid", "an event larger than 1 MiB") from None
-                except BROKEN as exc:
-                    raise self._broken(exc, "stream cut off") from None
+                except UpstreamFault as exc:
+                    raise self._fault(exc) from None
             finally:
-                await response.aclose()
+                response.close()
 
     async def exchange(self, body: bytes, headers: RawHeaders, request_id: Any, caller: str) -> Any:
         """One request the hub makes itself (the legacy door's translations): the final
@@ -223,53 +242,23 @@ class Upstream:
         messages (notifications and requests on that stream are not relayed). An event
         is held to the same limits as a JSON answer."""
         with self.pool.slot(caller):
-            response = await self._send(self._request(body, headers))
+            response = await self._send(body, headers)
             try:
-                if not _is_event_stream(response):
+                if response.media_type != EVENT_STREAM:
                     return await self._read_json(response)
-                guard(response)  # pooled only if nothing follows the stream (`_overrun`)
                 return await self._answer_on_stream(response, request_id)
             finally:
-                await response.aclose()
+                response.close()
 
     # -- the request ---------------------------------------------------------------------
 
-    def _request(self, body: bytes, headers: RawHeaders) -> httpx.Request:
-        return self.pool.client.build_request("POST", self.spec.url, content=body, headers=headers)
-
-    async def _open(self, request: httpx.Request, receive: Receive) -> httpx.Response | None:
-        """The upstream's answer head, or None if the client left first."""
-        sending = asyncio.ensure_future(self._send(request))
-        gone = asyncio.ensure_future(_disconnected(receive))
+    async def _send(self, body: bytes, headers: RawHeaders) -> Response:
+        """The answer once its head has come (within `--upstream-timeout`)."""
+        head = self.origin.head(headers, len(body))
         try:
-            await asyncio.wait((sending, gone), return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            gone.cancel()
-            if not sending.done():  # the client left: drop the upstream request with it
-                sending.cancel()
-        if gone.done() and not gone.cancelled():
-            # The client left; the answer, if it came all the same, goes nowhere.
-            await asyncio.wait((sending,))
-            if not sending.cancelled() and sending.exception() is None:
-                await sending.result().aclose()
-            return None
-        return sending.result()  # the answer head, or the UpstreamError
-
-    async def _send(self, request: httpx.Request) -> httpx.Response:
-        timeout = self.pool.timeout
-        try:
-            async with asyncio.timeout(timeout):
-                response = await self.pool.client.send(request, stream=True)
-        except TimeoutError:
-            raise self._failed(504, "timeout", f"no answer within {timeout:g}s") from None
-        except httpx.ConnectTimeout:
-            raise self._failed(504, "timeout", f"no connection within {timeout:g}s") from None
-        except httpx.PoolTimeout:
-            raise self._failed(504, "timeout", "every upstream connection is busy") from None
-        except httpx.ConnectError as exc:
-            raise self._failed(502, "refused", f"cannot connect ({_reason(exc)})") from None
-        except httpx.TransportError as exc:
-            raise self._failed(502, "reset", f"connection lost ({_reason(exc)})") from None
+            response = await self.pool.client.post(self.origin, head, body, self.pool.timeout)
+        except UpstreamFault as exc:
+            raise self._fault(exc) from None
         self._healthy()
         return response
 
@@ -277,7 +266,7 @@ class Upstream:
 
     async def _whole(
         self,
-        response: httpx.Response,
+        response: Response,
         send: Send,
         request_id: jsonrpc.RequestId | None,
         watch: Watch | None,
@@ -289,15 +278,15 @@ class Upstream:
             return exc.fault
         try:
             if not _acceptable(response, content):
-                invalid = self._invalid(response, content)
+                invalid = self._invalid(response)
                 await self._fail(send, request_id, invalid)
                 return invalid.fault
             if watch is not None and b'"task"' in content:
                 await watch(content)
-            headers = forwarding.response_headers(response.headers.raw)
+            headers = forwarding.response_headers(response.headers)
             headers.append((b"content-length", b"%d" % len(content)))
             await send(
-                {"type": "http.response.start", "status": response.status_code, "headers": headers}
+                {"type": "http.response.start", "status": response.status, "headers": headers}
             )
             # In slices: each waits for the client to take the last, so the answer's bytes
             # are held (and counted) until they are on their way, not in a socket buffer.
@@ -313,28 +302,16 @@ class Upstream:
 
     async def _stream(
         self,
-        response: httpx.Response,
-        receive: Receive,
+        response: Response,
         send: Send,
         request_id: jsonrpc.RequestId | None,
         watch: Watch | None,
     ) -> str:
-        """Relay an SSE reply chunk by chunk until it ends or either side leaves."""
-        headers = forwarding.response_headers(response.headers.raw)
-        await send(
-            {"type": "http.response.start", "status": response.status_code, "headers": headers}
-        )
-        relay = asyncio.ensure_future(self._relay(response, send, watch))
-        gone = asyncio.ensure_future(_disconnected(receive))
-        try:
-            await asyncio.wait((relay, gone), return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            gone.cancel()
-        if not relay.done():  # the client left: closing the response ends the upstream call
-            relay.cancel()
-            await asyncio.wait((relay,))
-            return "client_gone"
-        fault = relay.result()
+        """Relay an SSE reply chunk by chunk until it ends (or the client leaves, which
+        cancels this)."""
+        headers = forwarding.response_headers(response.headers)
+        await send({"type": "http.response.start", "status": response.status, "headers": headers})
+        fault = await self._relay(response, send, watch)
         if fault is not None:  # cut off mid-stream: the request's answer is this error
             error = jsonrpc.encode_error(request_id, fault.rpc_error(self.spec.label))
             with contextlib.suppress(OSError):  # another ASGI server's "client gone"
@@ -349,12 +326,12 @@ class Upstream:
         return "ok" if fault is None else fault.fault
 
     async def _relay(
-        self, response: httpx.Response, send: Send, watch: Watch | None
+        self, response: Response, send: Send, watch: Watch | None
     ) -> UpstreamError | None:
         # Only a watched answer's events are read; one too large to carry a task ends that.
         events = None if watch is None else EventReader(WATCHED_EVENT)
         try:
-            async for chunk in response.aiter_bytes():  # decoded: content-encoding is dropped
+            async for chunk in response.chunks():  # decoded: content-encoding is dropped
                 if events is not None and watch is not None:
                     try:
                         for data in events.feed(chunk):
@@ -363,62 +340,63 @@ class Upstream:
                     except EventTooLarge:
                         events = None
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
-        except BROKEN as exc:
-            return self._broken(exc, "stream cut off")
-        return self._overrun(response)
+        except UpstreamFault as exc:
+            return self._fault(exc)
+        return self._stray() if response.overran else None
 
-    async def _read_body(self, response: httpx.Response) -> bytes:
+    async def _read_body(self, response: Response) -> bytes:
         """The whole answer, its bytes held in the pool's budget (the caller gives them
         back); an UpstreamError when it is too large, too slow, broken or overruns."""
         timeout = self.pool.timeout
         chunks: list[bytes] = []
-        size = 0
-        end = _plain_length(response)  # where to look for bytes past it, if it says
-        if end is None:
-            guard(response)  # pooled only if nothing follows the answer (`_overrun`)
+        size = 0  # what `chunks` holds, all of it taken from the budget
         try:
-            async with asyncio.timeout(timeout):
-                async for chunk in response.aiter_bytes():
-                    size += len(chunk)
-                    if size > MAX_JSON_REPLY:
-                        raise self._failed(
-                            502, "invalid", f"answer larger than {MAX_JSON_REPLY} bytes"
-                        )
-                    if not self.pool.buffer.take(len(chunk)):
-                        size -= len(chunk)
-                        raise self._overloaded()
-                    chunks.append(chunk)
-                    if size == end and stray_after_end(response):
-                        raise self._stray()
-            overrun = self._overrun(response)
-            if overrun is not None:
-                raise overrun
+            whole = response.whole()
+            if whole is not None:  # here with its head, as most are: nothing to wait for
+                for chunk in whole:
+                    size = self._hold(chunks, size, chunk)
+            else:
+                async with asyncio.timeout(timeout):
+                    async for chunk in response.chunks():
+                        size = self._hold(chunks, size, chunk)
+            if response.overran:
+                raise self._stray()
         except BaseException as exc:
             self.pool.buffer.give(size)
             if isinstance(exc, TimeoutError):
                 message = f"answer not complete within {timeout:g}s"
                 raise self._failed(504, "timeout", message) from None
-            if isinstance(exc, BROKEN):
-                raise self._broken(exc, "connection lost") from None
+            if isinstance(exc, UpstreamFault):
+                raise self._fault(exc) from None
             raise
-        return b"".join(chunks)
+        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
-    async def _read_json(self, response: httpx.Response) -> Any:
+    def _hold(self, chunks: list[bytes], size: int, chunk: bytes) -> int:
+        """`chunk` taken from the budget and added to `chunks` (holding `size` bytes): the
+        new size, or the fault that refuses it, with nothing more taken."""
+        if size + len(chunk) > MAX_JSON_REPLY:
+            raise self._failed(502, "invalid", f"answer larger than {MAX_JSON_REPLY} bytes")
+        if not self.pool.buffer.take(len(chunk)):
+            raise self._overloaded()
+        chunks.append(chunk)
+        return size + len(chunk)
+
+    async def _read_json(self, response: Response) -> Any:
         content = await self._read_body(response)
         try:
             if not _acceptable(response, content) or not content:
-                raise self._invalid(response, content)
+                raise self._invalid(response)
             return msgspec.json.decode(content)
         finally:
             self.pool.buffer.give(len(content))
 
-    async def _answer_on_stream(self, response: httpx.Response, request_id: Any) -> Any:
+    async def _answer_on_stream(self, response: Response, request_id: Any) -> Any:
         """The answer to `request_id` among an SSE reply's messages."""
         events = EventReader(MAX_JSON_REPLY)
         held = 0
         try:
             async with asyncio.timeout(self.pool.timeout):
-                async for chunk in response.aiter_bytes():
+                async for chunk in response.chunks():
                     for data in events.feed(chunk):
                         message = json_message(data)
                         if message is not None and _answers(message, request_id):
@@ -434,42 +412,34 @@ class Upstream:
             ) from None
         except TimeoutError:
             raise self._failed(504, "timeout", "no answer on the stream in time") from None
-        except BROKEN as exc:
-            raise self._broken(exc, "stream cut off") from None
+        except UpstreamFault as exc:
+            raise self._fault(exc) from None
         finally:
             self.pool.buffer.give(held)
-        raise self._overrun(response) or self._failed(
-            502, "invalid", "the stream ended without the answer"
-        )
-
-    def _overrun(self, response: httpx.Response) -> UpstreamError | None:
-        """The fault of an answer, read to its end, that more bytes followed (they would
-        have answered the connection's next request: its connection was closed)."""
-        reuse_guard = guard_of(response)
-        if reuse_guard is None or not reuse_guard.overran:
-            return None
-        return self._stray()
+        if response.overran:
+            raise self._stray()
+        raise self._failed(502, "invalid", "the stream ended without the answer")
 
     def _stray(self) -> UpstreamError:
+        """An answer, read to its end, that more bytes followed (they would have answered
+        the connection's next request: its connection was closed)."""
         return self._failed(502, "invalid", "answered past the end of its answer")
 
     # -- failures ------------------------------------------------------------------------
 
-    def _invalid(self, response: httpx.Response, content: bytes) -> UpstreamError:
-        if response.status_code >= 500:
-            return self._failed(502, "status", f"answered HTTP {response.status_code}")
-        kind = response.headers.get("content-type", "no content type")
+    def _invalid(self, response: Response) -> UpstreamError:
+        if response.status >= 500:
+            return self._failed(502, "status", f"answered HTTP {response.status}")
+        kind = (response.header(b"content-type") or b"no content type").decode("latin-1")
         return self._failed(
             502,
             "invalid",
-            f"answered HTTP {response.status_code} with {kind} that is no JSON-RPC message",
+            f"answered HTTP {response.status} with {kind} that is no JSON-RPC message",
         )
 
-    def _broken(self, exc: Exception, what: str) -> UpstreamError:
-        """An answer broken while it was read: undecodable (`invalid`), or cut off."""
-        if isinstance(exc, httpx.DecodingError):
-            return self._failed(502, "invalid", f"undecodable answer ({_reason(exc)})")
-        return self._failed(502, "reset", f"{what} ({_reason(exc)})")
+    def _fault(self, exc: UpstreamFault) -> UpstreamError:
+        """A fault of the connection or of the answer's bytes, as the fault table names it."""
+        return self._failed(504 if exc.kind == "timeout" else 502, exc.kind, str(exc))
 
     def _overloaded(self) -> UpstreamError:
         """The hub holds as many answer bytes as it may: not the upstream's fault, so its
@@ -487,10 +457,11 @@ class Upstream:
         return UpstreamError(status, fault, message)
 
     def _healthy(self) -> None:
-        if self.up is False:
-            log.info("upstream %s (%s) answers again", self.spec.label, self.spec.url)
-        self.up = True
-        self.metrics.upstream_up.set(1, self.spec.label)
+        if self.up is not True:
+            if self.up is False:
+                log.info("upstream %s (%s) answers again", self.spec.label, self.spec.url)
+            self.up = True
+            self.metrics.upstream_up.set(1, self.spec.label)
 
     async def _fail(
         self, send: Send, request_id: jsonrpc.RequestId | None, exc: UpstreamError
@@ -506,28 +477,10 @@ async def _send_whole(send: Send, status: int, body: bytes, err: jsonrpc.RpcErro
     await send({"type": "http.response.body", "body": body})
 
 
-def _plain_length(response: httpx.Response) -> int | None:
-    """The length of an answer framed by its `Content-Length` and sent as it is (no
-    content coding), whose last byte `_read_body` sees come: None for any other."""
-    length = b""
-    for name, value in response.headers.raw:  # one pass: httpx's `get` is one per name
-        name = name.lower()
-        if name == b"content-length":
-            length = value
-        elif name == b"content-encoding":
-            return None
-    return int(length) or None if length.isdigit() else None
-
-
-def _is_event_stream(response: httpx.Response) -> bool:
-    content_type: str = response.headers.get("content-type", "")
-    return content_type.split(";", 1)[0].strip().lower() == "text/event-stream"
-
-
-def _acceptable(response: httpx.Response, content: bytes) -> bool:
+def _acceptable(response: Response, content: bytes) -> bool:
     """Pass it on unchanged? A 5xx only as a JSON-RPC message; a 2xx only empty or as JSON;
     any other status (401 with its challenge, 404, 405) as the upstream sent it."""
-    status = response.status_code
+    status = response.status
     if status < 500 and not 200 <= status < 300:
         return True
     if not content:
@@ -541,10 +494,6 @@ def _acceptable(response: httpx.Response, content: bytes) -> bool:
 
 def _answers(message: dict[str, Any], request_id: Any) -> bool:
     return message.get("id") == request_id and ("result" in message or "error" in message)
-
-
-def _reason(exc: Exception) -> str:
-    return str(exc) or type(exc).__name__
 
 
 async def _disconnected(receive: Receive) -> None:

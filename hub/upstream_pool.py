@@ -2,9 +2,7 @@
 
 At most `--max-forwards-per-caller` requests of one caller in flight (429 past it), and
 over every caller at most `--max-upstream-buffer-bytes` of answers read whole
-(docs/front-door.md#limits). Connections are pooled by httpx2 (pydantic's fork, also what
-the mcp SDK uses): its pool's cost per request stays flat with concurrency, where httpcore
-1.0.9's grows with every queued request.
+(docs/front-door.md#limits). Connections are pooled by hub/upstream_http.py.
 """
 
 from __future__ import annotations
@@ -13,18 +11,17 @@ import contextlib
 import sys
 from collections.abc import Iterator
 
-import httpx2 as httpx
-
 from hub import jsonrpc
 from hub.limits import ByteBudget, StreamLimiter
+from hub.upstream_http import HIGH_WATER, Client
 
 POOL_CONNECTIONS = 1024  # per hub process, over all upstreams; an SSE reply holds one
 POOL_KEEPALIVE = 64  # idle connections kept for reuse
 # An idle connection is dropped before an upstream would close it (uvicorn and Node close
-# after 5 s, gunicorn after 2 s; httpx's default is also 5 s). Reusing one that the upstream
-# is closing at that moment fails the request with a reset (a 502 to the client).
+# after 5 s, gunicorn after 2 s). Reusing one that the upstream is closing at that moment
+# fails the request with a reset (a 502 to the client).
 POOL_KEEPALIVE_EXPIRY = 1.0  # seconds
-READ_SIZE = 64 << 10  # what httpcore2 reads at once: less free in the budget is none
+READ_SIZE = HIGH_WATER  # what one answer may hold unread: less free in the budget is none
 
 
 class Pool:
@@ -42,17 +39,12 @@ class Pool:
         # No total beyond the pool's own: one caller's share is the limit here.
         self.in_flight = StreamLimiter(sys.maxsize, max_per_caller, "forwarded requests in flight")
         self.buffer = ByteBudget(buffer_bytes)
-        self.client = httpx.AsyncClient(
-            # Connect and pool waits are bounded here; the answer's head (and a JSON body)
-            # by `Upstream`, since an SSE reply may rightly stay quiet for minutes.
-            timeout=httpx.Timeout(None, connect=timeout, pool=timeout),
-            limits=httpx.Limits(
-                max_connections=POOL_CONNECTIONS,
-                max_keepalive_connections=POOL_KEEPALIVE,
-                keepalive_expiry=POOL_KEEPALIVE_EXPIRY,
-            ),
-            follow_redirects=False,
-            trust_env=False,  # no proxy from the environment between hub and upstream
+        # A free connection, the connection and the answer's head within `timeout` (and a
+        # JSON body, `Upstream`); an SSE answer may rightly stay quiet for minutes.
+        self.client = Client(
+            max_connections=POOL_CONNECTIONS,
+            max_idle=POOL_KEEPALIVE,
+            idle_expiry=POOL_KEEPALIVE_EXPIRY,
         )
 
     def admit(self, caller: str) -> jsonrpc.RpcError | None:
@@ -81,4 +73,4 @@ class Pool:
             self.release(caller)
 
     async def close(self) -> None:
-        await self.client.aclose()
+        await self.client.close()

@@ -136,10 +136,13 @@ class UpstreamTasks:
 
     # -- what passes through the front door ----------------------------------------------
 
-    def watcher(self, upstream: Upstream, caller: Caller) -> Callable[[bytes], Awaitable[None]]:
+    def watcher(
+        self, upstream: Upstream, caller: Callable[[], Caller]
+    ) -> Callable[[bytes], Awaitable[None]]:
         """What `Upstream.forward` calls with each message of a `tools/call` answer that
         may carry a task: a `CreateTaskResult` the snapshot does not hold is recorded, and
-        shared, before the client sees it."""
+        shared, before the client sees it. `caller` makes the Caller only then (its
+        credential's keyed hash is most of what watching a call costs)."""
 
         async def watch(data: bytes) -> None:
             try:
@@ -148,7 +151,7 @@ class UpstreamTasks:
                 return
             result = message.get("result") if isinstance(message, dict) else None
             if isinstance(result, dict) and result.get("resultType") == "task":
-                await self.created(upstream, result, caller)
+                await self.created(upstream, result, caller())
 
         return watch
 

@@ -76,6 +76,7 @@ PROTOCOL_METHODS = (
     "_should_upgrade",
     "handle_websocket_upgrade",
     "_unsupported_upgrade_warning",
+    "shutdown",
 )
 # After refusing a head, the connection reads and drops what the client still sends, so
 # that the client reads the refusal rather than a reset, for this long and this much.
@@ -274,6 +275,10 @@ class Protocol(HttpToolsProtocol):
         self._rest_left = self.head_limits.rest  # bytes its request may still send after it
         self._refusal: HeadRefused | None = None  # why a parser callback stopped the head
         self._discarded = -1  # bytes dropped since a head was refused; -1: none was
+        # While a request taken by `answer_whole` is answered by a coroutine of its own
+        # (`begin_in_place`): what the client sends meanwhile, read once it is answered.
+        self._held: list[bytes] | None = None
+        self._last = False  # shutting down: the in-place answer is the connection's last
 
     # seams --------------------------------------------------------------------------
 
@@ -333,7 +338,55 @@ class Protocol(HttpToolsProtocol):
         else:
             self.transport.close()
 
+    def begin_in_place(self) -> None:
+        """A request `answer_whole` took is answered by a coroutine (a forward) that
+        writes with `response_head` and the socket itself: until `end_in_place`, what
+        the client sends is held (up to one head's worth, then reading pauses)."""
+        self._held = []
+
+    @property
+    def in_place(self) -> bool:
+        return self._held is not None
+
+    def response_head(self, status: int, headers: RawHeaders, framing: bytes) -> bytes:
+        """A response's head as `respond_at_rest` frames it; `framing` is its
+        `transfer-encoding` line, or empty when `headers` hold its `content-length`."""
+        defaults = self._defaults = HeaderBlock.of(
+            self.server_state.default_headers, self._defaults
+        )
+        block = self._headers = HeaderBlock.of(headers, self._headers)
+        return b"".join((STATUS_LINE[status], defaults.lines, block.lines, framing, b"\r\n"))
+
+    def write_paused(self) -> bool:
+        return bool(self.flow.write_paused)
+
+    async def drain(self) -> None:
+        """Returns once the socket takes writes again."""
+        await self.flow.drain()
+
+    def end_in_place(self, complete: bool) -> None:
+        """The in-place answer is done: counted, then the connection reads on (what the
+        client sent meanwhile first), or closes if the answer was cut short."""
+        held, self._held = self._held or [], None
+        self.server_state.total_requests += 1
+        if not complete or self._last:
+            self.close()
+            return
+        self.flow.resume_reading()
+        if held:
+            self.data_received(b"".join(held))
+        else:
+            self.idle()
+
     # uvicorn's methods, with the seams in place -------------------------------------
+
+    def shutdown(self) -> None:
+        """uvicorn's, which would close a connection whose in-place answer is still
+        under way: it ends once that answer is written."""
+        if self._held is not None:
+            self._last = True
+            return
+        super().shutdown()
 
     def connection_made(self, transport: Any) -> None:
         """uvicorn's, with the two addresses read from the transport's names: uvicorn
@@ -351,6 +404,12 @@ class Protocol(HttpToolsProtocol):
         self.connected()
 
     def data_received(self, data: bytes) -> None:
+        held = self._held
+        if held is not None:  # an in-place answer is under way: this waits for it
+            held.append(data)
+            if sum(map(len, held)) > self.head_limits.head:
+                self.flow.pause_reading()
+            return
         if self._discarded >= 0:  # refused: read and drop until the linger ends
             self._discarded += len(data)
             if self._discarded > LINGER_BYTES:

@@ -163,3 +163,19 @@ def test_whatever_a_client_sends_the_forwarded_for_ends_with_its_peer(
     cookies = [value for name, value in out if name == b"cookie"]
     pairs = [pair.split(b"=", 1)[0].strip() for value in cookies for pair in value.split(b";")]
     assert b"taskhub_token" not in pairs
+
+
+@pytest.mark.parametrize(
+    ("sent", "upstream_gets"),
+    [
+        (b"gzip, deflate, br, zstd", b"gzip, deflate"),
+        (b"br;q=1.0, gzip;q=0.5", b"gzip;q=0.5"),
+        (b"br", b"identity"),  # nothing the hub decodes: ask for the answer as it is
+        (b"identity", b"identity"),
+    ],
+)
+def test_the_upstream_is_asked_only_for_codings_the_hub_decodes(
+    sent: bytes, upstream_gets: bytes
+) -> None:
+    out = request_headers([(b"accept-encoding", sent)], None, "http", NONE)
+    assert out == [(b"accept-encoding", upstream_gets), (b"x-forwarded-proto", b"http")]

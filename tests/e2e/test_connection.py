@@ -19,7 +19,7 @@ from starlette.types import Receive, Scope, Send
 
 from bridge.wire import kv_subject
 from hub.app import HubApp
-from hub.endpoint import McpEndpoint, Reply
+from hub.endpoint import Forwarding, McpEndpoint, Reply
 from hub.sse import ListenStream
 from tests.helpers import (
     HubHarness,
@@ -45,8 +45,10 @@ class CountingEndpoint:
         self.through_app += 1
         await self.inner(scope, receive, send)
 
-    def answer_now(self, headers: Mapping[str, str], body: bytes) -> Reply | ListenStream | None:
-        reply = self.inner.answer_now(headers, body)
+    def answer_now(
+        self, headers: Mapping[str, str], body: bytes, scope: Scope
+    ) -> Reply | ListenStream | Forwarding | None:
+        reply = self.inner.answer_now(headers, body, scope)
         self.in_place += reply is not None
         return reply
 
