@@ -136,7 +136,9 @@ class InPlaceCycle:
         protocol = self._protocol
         if message["type"] == "http.response.start":
             headers = message.get("headers", [])
-            framed = any(name == b"content-length" for name, _ in headers)
+            # A whole answer's head ends with its length (hub/upstream.py), or holds it.
+            framed = bool(headers) and headers[-1][0] == b"content-length"
+            framed = framed or any(name == b"content-length" for name, _ in headers)
             self._chunked = not framed
             framing = b"" if framed else b"transfer-encoding: chunked\r\n"
             self._head = protocol.response_head(message["status"], headers, framing)

@@ -76,11 +76,13 @@ class BodyError(Exception):
 
 
 class Outgoing(NamedTuple):
-    """What goes upstream with a request: the head the hub makes of the client's, and
-    the caller whose requests in flight it counts against (forwarding.py)."""
+    """What goes upstream with a request: the head the hub makes of the client's (its
+    fields, and as encoded lines), and the caller whose requests in flight it counts
+    against (forwarding.py)."""
 
     headers: RawHeaders
     caller: str
+    lines: bytes
 
 
 class Forwarding(NamedTuple):
@@ -96,8 +98,9 @@ class Forwarding(NamedTuple):
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """The ASGI path: ended when `receive` says the client left."""
+        outgoing = self.outgoing
         outcome = await self.upstream.forward_until_gone(
-            receive, send, self.body, self.request_id, *self.outgoing, self.watch
+            receive, send, self.body, self.request_id, outgoing.lines, outgoing.caller, self.watch
         )
         self.metrics.upstream_requests.inc(1, self.upstream.spec.label, outcome)
 
@@ -110,7 +113,8 @@ class Forwarding(NamedTuple):
                 adding_headers(send, self.extra_headers or []),
                 self.body,
                 self.request_id,
-                *self.outgoing,
+                self.outgoing.lines,
+                self.outgoing.caller,
                 self.watch,
             )
         except asyncio.CancelledError:
@@ -131,6 +135,7 @@ class McpEndpoint:
         self.config = hub.config
         self.cors_origins = frozenset(hub.config.cors_origins)
         self.trusted = TrustedProxies(hub.config.trusted_proxies)
+        self.heads = forwarding.OutgoingHeads(self.trusted)  # what each client head sends on
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         cors, responder = await self._answer(scope, receive, send)
@@ -248,10 +253,9 @@ class McpEndpoint:
     def _outgoing(self, scope: Scope, head: RawHeaders, identity: Identity) -> Outgoing:
         """The head to send upstream and the caller to count the request against."""
         client = scope.get("client")
-        headers = forwarding.request_headers(
-            head, client[0] if client else None, scope["scheme"], self.trusted
-        )
-        return Outgoing(headers, caller_of(self.hub, identity, scope, self.trusted))
+        sent = self.heads.of(head, client[0] if client else None, scope["scheme"])
+        caller = caller_of(self.hub, identity, scope, self.trusted)
+        return Outgoing(sent.headers, caller, sent.lines)
 
     async def _discover_upstream(
         self, outgoing: Outgoing, body: bytes, request: Request, cors: RawHeaders
@@ -259,7 +263,7 @@ class McpEndpoint:
         """The upstream's own discover result, with the hub's capabilities merged in."""
         assert self.upstream is not None
         try:
-            answer = await self.upstream.ask(body, *outgoing, request.id)
+            answer = await self.upstream.ask(body, outgoing.headers, outgoing.caller, request.id)
         except UpstreamError as exc:
             self.hub.metrics.upstream_requests.inc(1, self.upstream.spec.label, exc.fault)
             raise exc.rpc_error(self.upstream.spec.label) from None

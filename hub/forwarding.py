@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ipaddress
 from collections.abc import Iterable
+from typing import NamedTuple
 
 from hub.auth import COOKIE_NAME
 from hub.upstream_http import DECODABLE
@@ -123,15 +124,60 @@ def request_headers(
     return out
 
 
+def encode_lines(headers: RawHeaders) -> bytes:
+    """Header fields as the lines of an HTTP/1.1 head."""
+    return b"".join(b"%s: %s\r\n" % field for field in headers)
+
+
+class Outgoing(NamedTuple):
+    """The head that goes upstream for a client's: its fields, and as encoded lines."""
+
+    headers: RawHeaders
+    lines: bytes
+
+
+class OutgoingHeads:
+    """`request_headers` (and its lines) remembered by the client's head, peer and scheme:
+    a client sends the same head with each request. Two generations of at most
+    `memo_bytes` of lines each, heads of up to `MEMO_HEAD` bytes only; what is remembered
+    is what `request_headers` would return, being a function of those three alone."""
+
+    MEMO_HEAD = 4096
+
+    def __init__(self, trusted: TrustedProxies, memo_bytes: int = 1 << 20) -> None:
+        self.trusted = trusted
+        self.memo_bytes = memo_bytes
+        self._new: dict[tuple[object, ...], Outgoing] = {}
+        self._old: dict[tuple[object, ...], Outgoing] = {}
+        self._new_bytes = 0
+
+    def of(self, headers: RawHeaders, peer: str | None, scheme: str) -> Outgoing:
+        key = (tuple(headers), peer, scheme)
+        found = self._new.get(key)
+        if found is not None:
+            return found
+        found = self._old.pop(key, None)
+        if found is None:
+            sent = request_headers(headers, peer, scheme, self.trusted)
+            found = Outgoing(sent, encode_lines(sent))
+            if len(found.lines) > self.MEMO_HEAD:
+                return found
+        if self._new_bytes + len(found.lines) > self.memo_bytes:
+            self._old, self._new, self._new_bytes = self._new, {}, 0
+        self._new[key] = found
+        self._new_bytes += len(found.lines)
+        return found
+
+
 def response_headers(headers: Iterable[tuple[bytes, bytes]]) -> RawHeaders:
-    """The answer's fields the client gets: end-to-end ones only, less the upstream's CORS
-    (the hub answers CORS for its own origins) and any cookie of the hub's."""
-    pairs = [(name.lower(), value) for name, value in headers]
-    named = _named_in_connection(pairs)
+    """The answer's fields the client gets (names in lower case, as hub/upstream_http.py
+    reads them): end-to-end ones only, less the upstream's CORS (the hub answers CORS for
+    its own origins) and any cookie of the hub's."""
+    named = _named_in_connection(headers)
     dropped = _NOT_RETURNED | named if named else _NOT_RETURNED
     return [
         (name, value)
-        for name, value in pairs
+        for name, value in headers
         if name not in dropped
         and not name.startswith(b"access-control-")
         and not (name == b"set-cookie" and _cookie_name(value) == _COOKIE)

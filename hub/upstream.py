@@ -126,13 +126,13 @@ class Upstream:
         send: Send,
         body: bytes,
         request_id: jsonrpc.RequestId | None,
-        headers: RawHeaders,
+        lines: bytes,
         caller: str,
         watch: Watch | None = None,
     ) -> str:
         """Send the request upstream and its answer to the client; returns the outcome label.
 
-        `headers` go upstream as they are (`forwarding.request_headers` made them);
+        Its header `lines` go upstream as they are (`forwarding.OutgoingHeads` made them);
         `request_id` (read by the hub while routing) is what a failed forward answers.
         `watch` sees each JSON-RPC message of the answer that may carry a task (a JSON
         answer, or an SSE event, naming `"task"`) before the client does. Whoever runs it
@@ -145,7 +145,7 @@ class Upstream:
             return "limited"
         try:
             try:
-                response = await self._send(body, headers)
+                response = await self._send(body, lines)
             except UpstreamError as exc:
                 await self._fail(send, request_id, exc)
                 return exc.fault
@@ -164,23 +164,21 @@ class Upstream:
         send: Send,
         body: bytes,
         request_id: jsonrpc.RequestId | None,
-        headers: RawHeaders,
+        lines: bytes,
         caller: str,
         watch: Watch | None = None,
     ) -> str:
         """`forward` for an ASGI request, ended when `receive` says the client left."""
-        forwarding = asyncio.ensure_future(
-            self.forward(send, body, request_id, headers, caller, watch)
-        )
+        running = asyncio.ensure_future(self.forward(send, body, request_id, lines, caller, watch))
         gone = asyncio.ensure_future(_disconnected(receive))
         try:
-            await asyncio.wait((forwarding, gone), return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait((running, gone), return_when=asyncio.FIRST_COMPLETED)
         finally:
             gone.cancel()
-        if forwarding.done():
-            return forwarding.result()
-        forwarding.cancel()
-        await asyncio.wait((forwarding,))
+        if running.done():
+            return running.result()
+        running.cancel()
+        await asyncio.wait((running,))
         return "client_gone"
 
     async def ask(self, body: bytes, headers: RawHeaders, caller: str, request_id: Any) -> Answer:
@@ -188,7 +186,7 @@ class Upstream:
         upstream keeps): from a JSON reply, or the message answering `request_id` on an SSE
         stream. Any 4xx passes as it came, as do errors in JSON-RPC."""
         with self.pool.slot(caller):
-            response = await self._send(body, headers)
+            response = await self._send(body, forwarding.encode_lines(headers))
             try:
                 kept = forwarding.response_headers(response.headers)
                 if response.media_type == EVENT_STREAM:
@@ -216,7 +214,7 @@ class Upstream:
         `subscriptions/listen` at the upstream, hub/upstream_events.py). An answer that is
         no event stream raises `Declined` with what it said; faults are UpstreamErrors."""
         with self.pool.slot(caller):
-            response = await self._send(body, headers)
+            response = await self._send(body, forwarding.encode_lines(headers))
             try:
                 if response.media_type != EVENT_STREAM:
                     content = await self._read_body(response)
@@ -242,7 +240,7 @@ class Upstream:
         messages (notifications and requests on that stream are not relayed). An event
         is held to the same limits as a JSON answer."""
         with self.pool.slot(caller):
-            response = await self._send(body, headers)
+            response = await self._send(body, forwarding.encode_lines(headers))
             try:
                 if response.media_type != EVENT_STREAM:
                     return await self._read_json(response)
@@ -252,9 +250,9 @@ class Upstream:
 
     # -- the request ---------------------------------------------------------------------
 
-    async def _send(self, body: bytes, headers: RawHeaders) -> Response:
+    async def _send(self, body: bytes, lines: bytes) -> Response:
         """The answer once its head has come (within `--upstream-timeout`)."""
-        head = self.origin.head(headers, len(body))
+        head = self.origin.head(lines, len(body))
         try:
             response = await self.pool.client.post(self.origin, head, body, self.pool.timeout)
         except UpstreamFault as exc:
@@ -290,12 +288,11 @@ class Upstream:
             )
             # In slices: each waits for the client to take the last, so the answer's bytes
             # are held (and counted) until they are on their way, not in a socket buffer.
-            for start in range(0, len(content), SEND_SLICE):
+            last = max(0, len(content) - 1) // SEND_SLICE * SEND_SLICE  # the last slice's start
+            for start in range(0, last, SEND_SLICE):
                 piece = content[start : start + SEND_SLICE]
-                more = start + SEND_SLICE < len(content)
-                await send({"type": "http.response.body", "body": piece, "more_body": more})
-            if not content:
-                await send({"type": "http.response.body", "body": b""})
+                await send({"type": "http.response.body", "body": piece, "more_body": True})
+            await send({"type": "http.response.body", "body": content[last:] if last else content})
         finally:
             self.pool.buffer.give(len(content))
         return "ok"
@@ -486,10 +483,18 @@ def _acceptable(response: Response, content: bytes) -> bool:
     if not content:
         return status < 500
     try:
-        message = msgspec.json.decode(content)
-    except msgspec.DecodeError:
+        return _read_envelope(content).jsonrpc == "2.0"
+    except msgspec.DecodeError:  # not JSON, not an object, or no string `jsonrpc`
         return False
-    return isinstance(message, dict) and message.get("jsonrpc") == "2.0"
+
+
+class _Envelope(msgspec.Struct):
+    """What `_acceptable` reads of a JSON answer: the rest is checked as JSON, not built."""
+
+    jsonrpc: str
+
+
+_read_envelope = msgspec.json.Decoder(_Envelope).decode
 
 
 def _answers(message: dict[str, Any], request_id: Any) -> bool:

@@ -52,7 +52,7 @@ class UpstreamFault(Exception):
         self.kind = kind
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # a pool's key by identity: one per upstream
 class Origin:
     """Where requests for one upstream URL go: host and port, the request target, the
     `Host` header, and TLS for https."""
@@ -62,6 +62,7 @@ class Origin:
     target: bytes
     authority: bytes
     tls: bool
+    request_line: bytes  # and the Host field: how every request's head starts
 
     @classmethod
     def of(cls, url: str) -> Origin:
@@ -72,15 +73,13 @@ class Origin:
         port = parts.port or (443 if tls else 80)
         target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
         netloc = parts.netloc.rpartition("@")[2]  # never credentials in the Host header
-        return cls(parts.hostname, port, target.encode(), netloc.encode("idna"), tls)
+        authority = netloc.encode("idna")
+        line = b"POST %s HTTP/1.1\r\nhost: %s\r\n" % (target.encode(), authority)
+        return cls(parts.hostname, port, target.encode(), authority, tls, line)
 
-    def head(self, headers: RawHeaders, length: int) -> bytes:
-        """A POST's head: the target, `Host`, `headers` as given, the body's length."""
-        lines = [b"POST ", self.target, b" HTTP/1.1\r\nhost: ", self.authority, b"\r\n"]
-        for name, value in headers:
-            lines += (name, b": ", value, b"\r\n")
-        lines.append(b"content-length: %d\r\n\r\n" % length)
-        return b"".join(lines)
+    def head(self, lines: bytes, length: int) -> bytes:
+        """A POST's head: the target, `Host`, header `lines` as given, the body's length."""
+        return b"%scontent-length: %d\r\n\r\n" % (self.request_line + lines, length)
 
 
 class Response:
@@ -161,7 +160,8 @@ class Response:
                 if decoder is not None and not decoder.eof:
                     raise UpstreamFault("invalid", "undecodable answer (its coding ends early)")
                 return
-            self._waiter = asyncio.get_running_loop().create_future()
+            assert self._connection is not None  # unread pieces, or an answer still coming
+            self._waiter = self._connection.loop.create_future()
             try:
                 await self._waiter
             finally:
@@ -198,9 +198,10 @@ class Response:
 class _Connection(asyncio.Protocol):
     """One connection to an upstream: at most one exchange at a time."""
 
-    def __init__(self, pool: Client, origin: Origin) -> None:
+    def __init__(self, pool: Client, origin: Origin, loop: asyncio.AbstractEventLoop) -> None:
         self.pool = pool
         self.origin = origin
+        self.loop = loop
         self.transport: asyncio.Transport | None = None
         self.parser = httptools.HttpResponseParser(self)
         self.head: asyncio.Future[Response] | None = None  # the exchange's answer head
@@ -216,7 +217,7 @@ class _Connection(asyncio.Protocol):
 
     def send(self, head: bytes, body: bytes) -> asyncio.Future[Response]:
         assert self.transport is not None
-        self.head = asyncio.get_running_loop().create_future()
+        self.head = self.loop.create_future()
         self.response, self.headers = None, []
         if len(body) <= SMALL_BODY:
             self.transport.write(head + body)  # one write, one segment
@@ -350,13 +351,18 @@ class Client:
         self._waiting: deque[asyncio.Future[None]] = deque()
         self._sweep: asyncio.TimerHandle | None = None
         self._tls: ssl.SSLContext | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None  # the one its connections run on
 
     async def post(self, origin: Origin, head: bytes, body: bytes, timeout: float) -> Response:
         """Send one request; its answer once the head has come, within `timeout` seconds
         for a free connection, the connection and the head together."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        connection = self._take_idle(origin, loop.time())
+        # The loop kept, not asked for: CPython 3.11 asks the kernel for its pid each time.
+        loop = self._loop
+        if loop is None:
+            loop = self._loop = asyncio.get_running_loop()
+        now = loop.time()
+        deadline = now + timeout
+        connection = self._take_idle(origin, now)
         if connection is None:
             connection = await self._connect(origin, deadline, timeout)
         answer = connection.send(head, body)
@@ -390,6 +396,7 @@ class Client:
 
     async def _connect(self, origin: Origin, deadline: float, timeout: float) -> _Connection:
         loop = asyncio.get_running_loop()
+        self._loop = loop
         while len(self._open) >= self.max_connections:
             if not self._close_an_idle():
                 waiter = loop.create_future()
@@ -405,7 +412,7 @@ class Client:
             reused = self._take_idle(origin, loop.time())
             if reused is not None:
                 return reused
-        connection = _Connection(self, origin)
+        connection = _Connection(self, origin, loop)
         self._open.add(connection)
         try:
             async with asyncio.timeout_at(deadline):
@@ -434,7 +441,7 @@ class Client:
         if connection not in self._open or self._idle_count >= self.max_idle:
             connection.close()
             return
-        loop = asyncio.get_running_loop()
+        loop = connection.loop
         connection.idle_since = loop.time()
         self._idle.setdefault(connection.origin, []).append(connection)
         self._idle_count += 1
@@ -477,7 +484,8 @@ class Client:
 
     def _expire(self) -> None:
         self._sweep = None
-        loop = asyncio.get_running_loop()
+        loop = self._loop
+        assert loop is not None  # armed by a connection going idle
         oldest_kept = loop.time() - self.idle_expiry
         for idle in self._idle.values():
             while idle and idle[0].idle_since <= oldest_kept:

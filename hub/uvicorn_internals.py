@@ -350,12 +350,13 @@ class Protocol(HttpToolsProtocol):
 
     def response_head(self, status: int, headers: RawHeaders, framing: bytes) -> bytes:
         """A response's head as `respond_at_rest` frames it; `framing` is its
-        `transfer-encoding` line, or empty when `headers` hold its `content-length`."""
+        `transfer-encoding` line, or empty when `headers` hold its `content-length`.
+        `headers` never say `connection: close` (a forward's are end-to-end only)."""
         defaults = self._defaults = HeaderBlock.of(
             self.server_state.default_headers, self._defaults
         )
-        block = self._headers = HeaderBlock.of(headers, self._headers)
-        return b"".join((STATUS_LINE[status], defaults.lines, block.lines, framing, b"\r\n"))
+        lines = b"".join([b"%s: %s\r\n" % field for field in headers])
+        return b"".join((STATUS_LINE[status], defaults.lines, lines, framing, b"\r\n"))
 
     def write_paused(self) -> bool:
         return bool(self.flow.write_paused)

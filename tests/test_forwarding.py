@@ -7,6 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from hub.forwarding import (
+    OutgoingHeads,
     TrustedProxies,
     caller_address,
     parse_trusted_proxies,
@@ -94,18 +95,18 @@ def test_the_hubs_cookie_stays_home_and_others_pass() -> None:
 
 
 def test_the_answer_loses_hop_by_hop_cors_framing_and_the_hubs_cookie() -> None:
-    out = response_headers(
+    out = response_headers(  # names in lower case, as hub/upstream_http.py reads them
         [
-            (b"Content-Type", b"application/json"),
-            (b"Connection", b"close, X-Hop"),
-            (b"X-Hop", b"1"),
-            (b"Content-Length", b"2"),
-            (b"Content-Encoding", b"gzip"),
-            (b"Access-Control-Allow-Origin", b"*"),
-            (b"Set-Cookie", b"taskhub_token=planted; HttpOnly"),
-            (b"Set-Cookie", b" taskhub_token = also; Path=/"),
-            (b"Set-Cookie", b"session=fine"),
-            (b"Mcp-Session-Id", b"s1"),
+            (b"content-type", b"application/json"),
+            (b"connection", b"close, X-Hop"),
+            (b"x-hop", b"1"),
+            (b"content-length", b"2"),
+            (b"content-encoding", b"gzip"),
+            (b"access-control-allow-origin", b"*"),
+            (b"set-cookie", b"taskhub_token=planted; HttpOnly"),
+            (b"set-cookie", b" taskhub_token = also; Path=/"),
+            (b"set-cookie", b"session=fine"),
+            (b"mcp-session-id", b"s1"),
         ]
     )
     assert out == [
@@ -179,3 +180,19 @@ def test_the_upstream_is_asked_only_for_codings_the_hub_decodes(
 ) -> None:
     out = request_headers([(b"accept-encoding", sent)], None, "http", NONE)
     assert out == [(b"accept-encoding", upstream_gets), (b"x-forwarded-proto", b"http")]
+
+
+def test_a_remembered_head_is_what_request_headers_makes_of_it() -> None:
+    trusted = TrustedProxies(parse_trusted_proxies("10.0.0.0/8"))
+    heads = OutgoingHeads(trusted, memo_bytes=200)
+    client = [(b"authorization", b"Bearer a"), (b"x-forwarded-for", b"1.1.1.1")]
+    for peer in ("10.0.0.1", "203.0.113.7", "10.0.0.1"):  # the second peer is no proxy
+        for _ in range(2):
+            sent = heads.of(client, peer, "https")
+            assert sent.headers == request_headers(client, peer, "https", trusted)
+            assert sent.lines == b"".join(b"%s: %s\r\n" % field for field in sent.headers)
+    other = [(b"authorization", b"Bearer b"), (b"x-forwarded-for", b"1.1.1.1")]
+    assert b"Bearer b" in heads.of(other, "10.0.0.1", "https").lines  # never another's
+    for i in range(50):  # past two generations of 200 bytes: the oldest are forgotten
+        heads.of([(b"x-n", str(i).encode())], None, "http")
+    assert len(heads._new) + len(heads._old) < 50

@@ -32,9 +32,14 @@ class RawUpstream:
     connections: int = 0
     closed: asyncio.Event = field(default_factory=asyncio.Event)  # a connection ended
 
+    _origin: Origin | None = None
+
     @property
     def origin(self) -> Origin:
-        return Origin.of(f"http://127.0.0.1:{self.port}/mcp")
+        """One per upstream, as each `Upstream` has one: a pool's key."""
+        if self._origin is None:
+            self._origin = Origin.of(f"http://127.0.0.1:{self.port}/mcp")
+        return self._origin
 
 
 async def read_request(reader: asyncio.StreamReader) -> bytes:
@@ -96,7 +101,7 @@ def json_answer(body: bytes, *head: str) -> bytes:
 
 async def post(client: Client, up: RawUpstream, timeout: float = 5.0) -> Response:
     origin = up.origin
-    return await client.post(origin, origin.head([(b"x-test", b"1")], 2), b"{}", timeout)
+    return await client.post(origin, origin.head(b"x-test: 1\r\n", 2), b"{}", timeout)
 
 
 async def body_of(response: Response) -> bytes:
@@ -125,7 +130,7 @@ async def test_the_request_goes_out_as_given_with_host_and_length() -> None:
 
     async with upstream(answer) as up:
         origin = Origin.of(f"http://user:pw@127.0.0.1:{up.port}/mcp?x=1")
-        head = origin.head([(b"authorization", b"Bearer t")], 2)
+        head = origin.head(b"authorization: Bearer t\r\n", 2)
         seen.append(head)
         assert (
             head
@@ -294,7 +299,7 @@ async def test_refused_and_timed_out() -> None:
         port = up.port
     dead = Origin.of(f"http://127.0.0.1:{port}/mcp")  # its server is closed
     with pytest.raises(UpstreamFault) as caught:
-        await client.post(dead, dead.head([], 0), b"", 5)
+        await client.post(dead, dead.head(b"", 0), b"", 5)
     assert caught.value.kind == "refused"
 
     async def silent(n: int, reader: asyncio.StreamReader, _: asyncio.StreamWriter) -> None:
