@@ -107,7 +107,7 @@ async def _probe(target: str, port: int, streams: int, revisions: int) -> None:
         for n, transport in enumerate(transports):
             sub = Subscriber(b"%d" % n, [_TASK_ID])
             fanout.subscribe(sub)
-            stream = DetachedStream(sub, metrics, fanout.unsubscribe)
+            stream = DetachedStream(sub, metrics, fanout.unsubscribe, loop)
             stream.start(transport, b"", ack_frame(sub.subscription_id, [_TASK_ID]), None)
 
         def store(seq: int, value: bytes) -> None:

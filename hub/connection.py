@@ -75,7 +75,12 @@ class Detachable(Protocol):
     """An answer that takes the connection over: a listen stream that runs on the
     transport by itself (hub/detached.py), with no request cycle or task."""
 
-    def run_on(self, transport: asyncio.Transport, default_headers: RawHeaders) -> None: ...
+    def run_on(
+        self,
+        transport: asyncio.Transport,
+        default_headers: RawHeaders,
+        loop: asyncio.AbstractEventLoop,
+    ) -> None: ...
 
 
 class InPlace(Protocol):
@@ -313,7 +318,7 @@ def hub_protocol(
             (as for its WebSocket upgrade), so neither the header deadline nor uvicorn's
             shutdown touches it; the stream closes it when it ends."""
             self.connected_protocols().discard(self)
-            stream.run_on(self.transport, self.server_state.default_headers)
+            stream.run_on(self.transport, self.server_state.default_headers, self.loop)
 
         def connected(self) -> None:
             self.waiting_since = self.loop.time()

@@ -53,12 +53,16 @@ class DetachedStream(asyncio.Protocol):
     express = True
 
     def __init__(
-        self, subscriber: Subscriber, metrics: Metrics, on_close: Callable[[Subscriber], None]
+        self,
+        subscriber: Subscriber,
+        metrics: Metrics,
+        on_close: Callable[[Subscriber], None],
+        loop: asyncio.AbstractEventLoop,
     ) -> None:
         self.subscriber = subscriber
         self.metrics = metrics
         self.on_close = on_close
-        self._loop = asyncio.get_running_loop()
+        self._loop = loop  # given: asking for it costs a getpid on CPython 3.11
         self._woken = False  # a pump is scheduled
         self._expiry: asyncio.TimerHandle | None = None
         self.transport: asyncio.Transport | None = None

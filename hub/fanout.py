@@ -53,6 +53,7 @@ class Fanout:
         self._watchers: set[Watcher] = set()
         self._watchers_dirty: set[Watcher] = set()
         self._watcher_flush: asyncio.TimerHandle | None = None
+        self._running: asyncio.AbstractEventLoop | None = None  # see `_loop`
         self.task_events = TaskEvents()  # the watchers' frames, once per revision
         # Fleet events: who follows which, with the follower's principal (an audience check).
         self._by_event: dict[EventKey, dict[Subscriber, str]] = {}
@@ -183,15 +184,22 @@ class Fanout:
         if queued:
             self._schedule_watcher_flush()
 
+    def _loop(self) -> asyncio.AbstractEventLoop:
+        """The running loop, kept: CPython 3.11 asks the kernel for its pid each time
+        `get_running_loop` is called, and a flush runs many times a second."""
+        loop = self._running
+        if loop is None or loop.is_closed():
+            loop = self._running = asyncio.get_running_loop()
+        return loop
+
     def _schedule_watcher_flush(self) -> None:
         if self._watcher_flush is None:
-            loop = asyncio.get_running_loop()
-            self._watcher_flush = loop.call_later(WATCHER_BATCH_S, self._flush_watchers)
+            self._watcher_flush = self._loop().call_later(WATCHER_BATCH_S, self._flush_watchers)
 
     def _flush_watchers(self) -> None:
         self._watcher_flush = None
         dirty, self._watchers_dirty = self._watchers_dirty, set()
-        now = asyncio.get_running_loop().time()
+        now = self._loop().time()
         sent = 0
         for watcher in dirty:
             sent += watcher.flush(now)
@@ -201,7 +209,7 @@ class Fanout:
     def _schedule_flush(self) -> None:
         if not self._flush_scheduled and not self._held:
             self._flush_scheduled = True
-            asyncio.get_running_loop().call_soon(self._flush)
+            self._loop().call_soon(self._flush)
 
     def hold(self) -> None:
         """What is published until `release` is written by it rather than in a loop turn
@@ -273,7 +281,7 @@ class Fanout:
 
     def _flush(self) -> None:
         self._flush_scheduled = False
-        now = asyncio.get_running_loop().time()
+        now = self._loop().time()
         sent = 0
         if self._lanes_due:
             lanes, self._lanes_due = self._lanes_due, {}

@@ -55,10 +55,15 @@ class ListenStream:
         self.on_close = on_close
         self.extra_headers: RawHeaders = []  # CORS, on a stream run by `run_on`
 
-    def run_on(self, transport: asyncio.Transport, default_headers: RawHeaders) -> None:
+    def run_on(
+        self,
+        transport: asyncio.Transport,
+        default_headers: RawHeaders,
+        loop: asyncio.AbstractEventLoop,
+    ) -> None:
         """Run on a connection of its own, without this object or a task (hub/detached.py)."""
         headers = [*HEADERS, *self.extra_headers, (b"connection", b"close")]
-        stream = DetachedStream(self.subscriber, self.metrics, self.on_close)
+        stream = DetachedStream(self.subscriber, self.metrics, self.on_close, loop)
         stream.start(
             transport, streaming_head(default_headers, 200, headers), self.first_frame, self.ends_at
         )

@@ -15,6 +15,9 @@ than somewhere in a stream.
 
 from __future__ import annotations
 
+import asyncio
+import logging
+from collections import deque
 from typing import Any
 
 import httptools
@@ -192,9 +195,21 @@ _REFUSAL_HEADERS = HeaderBlock(
 
 def streaming_head(default_headers: RawHeaders, status: int, headers: RawHeaders) -> bytes:
     """The head of a chunked streaming response as uvicorn's `send` writes it for
-    `http.response.start` with neither Content-Length nor Transfer-Encoding."""
+    `http.response.start` with neither Content-Length nor Transfer-Encoding. The last one
+    is remembered: uvicorn renews its default headers once a second, and a storm of
+    listen streams asks for the same head thousands of times in between."""
+    global _last_streaming_head
+    key = (status, tuple(headers))
+    last = _last_streaming_head
+    if last is not None and last[0] is default_headers and last[1] == key:
+        return last[2]
     defaults, own = HeaderBlock(default_headers).lines, HeaderBlock(headers).lines
-    return b"".join((STATUS_LINE[status], defaults, own, b"transfer-encoding: chunked\r\n\r\n"))
+    head = b"".join((STATUS_LINE[status], defaults, own, b"transfer-encoding: chunked\r\n\r\n"))
+    _last_streaming_head = (default_headers, key, head)  # the list held: its id stays its own
+    return head
+
+
+_last_streaming_head: tuple[RawHeaders, tuple[object, ...], bytes] | None = None
 
 
 def chunk(data: bytes) -> bytes:
@@ -238,6 +253,36 @@ def abort(cycle: Cycle) -> None:
 # -- the connection ----------------------------------------------------------------------
 
 
+class LazyFlowControl(FlowControl):
+    """uvicorn's flow control (its source pinned by the contract test) with its event
+    made only when a write pauses: most connections never pause, and a storm of listen
+    streams made one `asyncio.Event` per connection for nothing."""
+
+    def __init__(self, transport: asyncio.Transport) -> None:
+        self._transport = transport
+        self.read_paused = False
+        self.write_paused = False
+        self._writable: asyncio.Event | None = None  # made when a write first pauses
+
+    async def drain(self) -> None:
+        if self._writable is not None:
+            await self._writable.wait()
+
+    def pause_writing(self) -> None:
+        if not self.write_paused:
+            self.write_paused = True
+            if self._writable is None:
+                self._writable = asyncio.Event()
+            self._writable.clear()
+
+    def resume_writing(self) -> None:
+        if self.write_paused:
+            self.write_paused = False
+            if self._writable is not None:
+                self._writable.set()
+
+
+
 class Protocol(HttpToolsProtocol):
     """uvicorn's httptools protocol with named seams for a subclass to fill in.
 
@@ -262,9 +307,54 @@ class Protocol(HttpToolsProtocol):
     """
 
     head_limits = HeadLimits()  # a subclass sets the server's own
+    # What uvicorn's `__init__` looks up anew for every connection and is the same for
+    # all of a server's: its loop (`get_event_loop`, a getpid each time on CPython 3.11),
+    # its two loggers (the logging module's lock each) and whether access is logged.
+    _per_server: tuple[Any, ...] | None = None
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+    def __init__(
+        self,
+        config: Any,
+        server_state: Any,
+        app_state: dict[str, Any],
+        _loop: asyncio.AbstractEventLoop | None = None,
+    ) -> None:
+        # uvicorn's `__init__` (pinned by the contract test), the per-server part once.
+        shared = self._per_server
+        if shared is None or shared[0] is not config:
+            if not config.loaded:
+                config.load()
+            loop = _loop or asyncio.get_event_loop()
+            access_logger = logging.getLogger("uvicorn.access")
+            error_logger = logging.getLogger("uvicorn.error")
+            shared = (config, loop, error_logger, access_logger, access_logger.hasHandlers())
+            type(self)._per_server = shared
+        _, self.loop, self.logger, self.access_logger, self.access_log = shared
+        self.config = config
+        self.app = config.loaded_app
+        self.parser = httptools.HttpRequestParser(self)
+        self.parser.set_dangerous_leniencies(lenient_data_after_close=True)
+        self.ws_protocol_class = config.ws_protocol_class
+        self.root_path = config.root_path
+        self.asgi_version = config.asgi_version
+        self.limit_concurrency = config.limit_concurrency
+        self.app_state = app_state
+        self.timeout_keep_alive_task = None
+        self.timeout_keep_alive = config.timeout_keep_alive
+        self.server_state = server_state
+        self.connections = server_state.connections
+        self.tasks = server_state.tasks
+        self.transport = None  # type: ignore[assignment]
+        self.flow = None  # type: ignore[assignment]
+        self.server = None
+        self.client = None
+        self.scheme = None
+        self.pipeline = deque()
+        self.scope = None  # type: ignore[assignment]
+        self.headers = None  # type: ignore[assignment]
+        self.expect_100_continue = False
+        self.cycle = None  # type: ignore[assignment]
+        # The hub's own.
         self.extensions: dict[str, object] = {}  # put in every request's scope
         self._in_message = False  # the parser is inside a request
         self._defaults = HeaderBlock([])  # server_state.default_headers, encoded
@@ -395,7 +485,7 @@ class Protocol(HttpToolsProtocol):
         connection, a visible part of what a listen stream opened in one read costs."""
         self.connections.add(self)
         self.transport = transport
-        self.flow = FlowControl(transport)
+        self.flow = LazyFlowControl(transport)
         self.server = _local(transport.get_extra_info("sockname"))
         self.client = _remote(transport.get_extra_info("peername"))
         self.scheme = "https" if transport.get_extra_info("sslcontext") else "http"

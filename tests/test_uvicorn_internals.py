@@ -20,6 +20,7 @@ from typing import Any, ClassVar
 import pytest
 import uvicorn
 from starlette.types import Receive, Scope, Send
+from uvicorn.protocols.http.flow_control import FlowControl
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
 from hub import uvicorn_internals as uv
@@ -33,11 +34,16 @@ CHUNKS = [b"data: one\n\n", b"data: two\n\n"]
 # these needs a reading of the new code against hub/uvicorn_internals.py, then a new
 # fingerprint here.
 VERIFIED = {
+    "HttpToolsProtocol.__init__": "6d66a1c9",
     "HttpToolsProtocol.connection_made": "5a387912",
     "HttpToolsProtocol.on_response_complete": "175d1fae",
     "HttpToolsProtocol.on_headers_complete": "620f348d",
     "HttpToolsProtocol.data_received": "e4de670c",
     "RequestResponseCycle.send": "f8c383f6",
+    "FlowControl.__init__": "c83cfc71",
+    "FlowControl.drain": "7343c57b",
+    "FlowControl.pause_writing": "22f67ea8",
+    "FlowControl.resume_writing": "e5000020",
 }
 
 
@@ -51,7 +57,11 @@ def fingerprint(function: Any) -> str:
 @pytest.mark.parametrize("name", sorted(VERIFIED))
 def test_the_methods_the_adapter_repeats_are_the_verified_ones(name: str) -> None:
     owner, method = name.split(".")
-    cls = {"HttpToolsProtocol": HttpToolsProtocol, "RequestResponseCycle": RequestResponseCycle}
+    cls = {
+        "HttpToolsProtocol": HttpToolsProtocol,
+        "RequestResponseCycle": RequestResponseCycle,
+        "FlowControl": FlowControl,
+    }
     found = fingerprint(getattr(cls[owner], method))
     assert found == VERIFIED[name], (
         f"uvicorn {uvicorn.__version__} changed {name} (fingerprint {found}); read it against "
