@@ -282,7 +282,6 @@ class LazyFlowControl(FlowControl):
                 self._writable.set()
 
 
-
 class Protocol(HttpToolsProtocol):
     """uvicorn's httptools protocol with named seams for a subclass to fill in.
 
