@@ -40,6 +40,7 @@ import httptools
 RawHeaders = list[tuple[bytes, bytes]]
 HIGH_WATER = 256 << 10  # bytes of an answer waiting for its reader before reading pauses
 DECODED_PIECE = 64 << 10  # at most this many decoded bytes per piece of a coded answer
+MAX_HEAD_BYTES = 64 << 10  # an answer's head (or trailer, or chunk framing) at most
 SMALL_BODY = 64 << 10  # a body up to this size is joined to its head for one write
 DECODABLE = frozenset({b"gzip", b"x-gzip", b"deflate", b"identity"})
 
@@ -209,6 +210,9 @@ class _Connection(asyncio.Protocol):
         self.headers: RawHeaders = []
         self.informational = False  # a 1xx head is being read: the answer follows it
         self.overran = False
+        # Bytes fed to the parser since it last gave anything (a head, body bytes, the
+        # end): at most MAX_HEAD_BYTES, so no head, trailer or framing grows without end.
+        self.unread = 0
         self.keep_alive = True
         self.paused = False
         self.idle_since = 0.0
@@ -218,7 +222,7 @@ class _Connection(asyncio.Protocol):
     def send(self, head: bytes, body: bytes) -> asyncio.Future[Response]:
         assert self.transport is not None
         self.head = self.loop.create_future()
-        self.response, self.headers = None, []
+        self.response, self.headers, self.unread = None, [], 0
         if len(body) <= SMALL_BODY:
             self.transport.write(head + body)  # one write, one segment
         else:
@@ -266,6 +270,7 @@ class _Connection(asyncio.Protocol):
             self.overran = True
             self.close()
             return
+        self.unread += len(data)
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserError as exc:
@@ -274,6 +279,13 @@ class _Connection(asyncio.Protocol):
                 self.overran = True  # not HTTP, past the answer's end
             else:
                 self._broken(UpstreamFault("invalid", f"no HTTP answer ({exc})"))
+        if self.unread > MAX_HEAD_BYTES and not self.overran:
+            # A head, a trailer or a chunk's framing that does not end: the parser would
+            # hold it all. Bounded as an answer's head is (h11: 16 KiB, nginx: 4-8 KiB).
+            what = "head" if self.response is None else "framing"
+            self._broken(UpstreamFault("invalid", f"an answer {what} over {MAX_HEAD_BYTES} bytes"))
+            self.close()
+            return
         if self.overran or (not self.keep_alive and self.response is None):
             self.close()
 
@@ -305,9 +317,11 @@ class _Connection(asyncio.Protocol):
             self.overran = True  # a second answer behind the first
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        self.headers.append((name.lower(), value))
+        if self.response is None:  # a trailer field never joins the answer's head
+            self.headers.append((name.lower(), value))
 
     def on_headers_complete(self) -> None:
+        self.unread = 0
         if self.overran:
             return
         status = self.parser.get_status_code()
@@ -321,10 +335,12 @@ class _Connection(asyncio.Protocol):
             head.set_result(self.response)
 
     def on_body(self, body: bytes) -> None:
+        self.unread = 0
         if self.response is not None and not self.overran:
             self.response._feed(body)
 
     def on_message_complete(self) -> None:
+        self.unread = 0
         if self.informational:
             self.informational = False
             return

@@ -18,7 +18,7 @@ import pytest
 
 from hub.metrics import Metrics
 from hub.upstream import MAX_JSON_REPLY, Upstream, UpstreamError, UpstreamSpec
-from hub.upstream_http import HIGH_WATER, Client, Origin, Response, UpstreamFault
+from hub.upstream_http import HIGH_WATER, MAX_HEAD_BYTES, Client, Origin, Response, UpstreamFault
 from hub.upstream_pool import Pool
 
 pytestmark = pytest.mark.timeout(30)
@@ -407,3 +407,50 @@ async def test_an_answer_over_the_json_limit_gives_back_every_byte_it_held() -> 
             assert pool.buffer.held == 0
         finally:
             await pool.close()
+
+
+@pytest.mark.parametrize(
+    "endless",
+    [
+        b"HTTP/1.1 200 OK\r\nx-endless: ",  # one header line that never ends
+        b"HTTP/1.1 200 OK\r\n" + b"x-many: 1\r\n" * 10,  # fields that never stop coming
+        b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n1;",  # a chunk extension
+        b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n0\r\nx-trailer: ",
+    ],
+    ids=["header-line", "header-fields", "chunk-extension", "trailer"],
+)
+async def test_a_head_or_framing_that_never_ends_is_refused_not_held(endless: bytes) -> None:
+    """A broken upstream cannot make the hub hold an unbounded head: past MAX_HEAD_BYTES
+    without a head, a body byte or the end, the answer is `invalid` and the connection
+    closes (h11, the client before this one, stopped at 16 KiB)."""
+    repeat = endless.rsplit(b"\r\n\r\n", 1)[-1].split(b"\r\n")[-1] or b"x-many: 1\r\n"
+
+    async def flood(n: int, _: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(endless)
+        filler = b"a" * 4096 if endless.endswith((b": ", b";")) else repeat * 400
+        for _ in range(200):  # up to ~800 KiB: far past the limit
+            writer.write(filler)
+            await writer.drain()
+
+    async with upstream(flood) as up:
+        client = Client()
+        with pytest.raises(UpstreamFault) as caught:
+            response = await post(client, up)
+            await body_of(response)
+        assert caught.value.kind == "invalid"
+        assert str(MAX_HEAD_BYTES) in str(caught.value)
+        await asyncio.wait_for(up.closed.wait(), 5)  # the hub hung up
+        await client.close()
+
+
+async def test_trailer_fields_never_join_the_answers_head() -> None:
+    answer = (
+        b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n"
+        b"trailer: x-late\r\n\r\n2\r\nok\r\n0\r\nx-late: planted\r\n\r\n"
+    )
+    async with upstream(replying(answer)) as up:
+        client = Client()
+        response = await post(client, up)
+        assert await body_of(response) == b"ok"
+        assert response.header(b"x-late") is None
+        await client.close()

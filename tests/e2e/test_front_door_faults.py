@@ -26,7 +26,7 @@ from tests.e2e.raw_http import (
     tool_call,
 )
 from tests.e2e.test_front_door import chunk, sse_head
-from tests.helpers import eventually, headers_for
+from tests.helpers import eventually, headers_for, start_served_hub
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -146,3 +146,97 @@ async def test_a_corrupt_compressed_answer_is_an_invalid_fault(
         last = [line for line in response.text.splitlines() if line.startswith("data:")][-1]
         assert json.loads(last[5:])["error"]["data"]["fault"] == "invalid"
     assert not [r for r in caplog.records if r.levelname in ("ERROR", "CRITICAL") or r.exc_info]
+
+
+# -- forwards answered in place (hub/connection.py InPlaceCycle) ----------------------------
+
+
+async def test_a_request_sent_while_a_forward_is_under_way_is_answered_after_it(
+    nats_url: str, bucket: str, tmp_path: Path
+) -> None:
+    """The first request came whole in one read and is forwarded from the connection
+    itself; the client sends the next before the first is answered. That one waits for
+    the first answer (held, not read alongside), then is answered in its turn."""
+    first_arrived, release = asyncio.Event(), asyncio.Event()
+
+    async def answer(request: Received) -> bytes:
+        if json.loads(request.body)["id"] == 1:
+            first_arrived.set()
+            await release.wait()
+        return json_reply(result(request, n=json.loads(request.body)["id"]))
+
+    def request(request_id: int) -> bytes:
+        body = json.dumps(tool_call(request_id)).encode()
+        fields = [f"{name}: {value}" for name, value in headers_for(tool_call(request_id)).items()]
+        return post_head(*fields, f"Content-Length: {len(body)}") + body
+
+    async with (
+        kept_alive(answer) as upstream,
+        hub_in_front(nats_url, bucket, tmp_path, UpstreamSpec(None, upstream.url())) as front,
+    ):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port_of(front))
+        try:
+            writer.write(request(1))
+            await asyncio.wait_for(first_arrived.wait(), 10)
+            writer.write(request(2))  # while the first is at the upstream
+            await writer.drain()
+            assert len(upstream.received) == 1  # held: not forwarded beside the first
+            release.set()
+            answers = b""
+            async with asyncio.timeout(10):
+                while answers.count(b'"result"') < 2:
+                    chunk = await reader.read(65536)
+                    assert chunk, answers
+                    answers += chunk
+        finally:
+            writer.close()
+    assert answers.index(b'"n": 1') < answers.index(b'"n": 2')  # in order
+    assert answers.count(b"HTTP/1.1 200 OK") == 2
+    requests = front.hub.metrics.upstream_requests
+    assert requests.value("default", "ok") == 2
+
+
+async def test_a_forward_in_place_is_answered_before_the_hub_stops(
+    nats_url: str, bucket: str, tmp_path: Path
+) -> None:
+    """uvicorn's graceful shutdown would close a connection with no request cycle under
+    way at once; one forwarding in place is answered first, then closed."""
+    arrived, release = asyncio.Event(), asyncio.Event()
+
+    async def answer(request: Received) -> bytes:
+        arrived.set()
+        await release.wait()
+        return json_reply(result(request, finished=True))
+
+    body = json.dumps(tool_call()).encode()
+    fields = [f"{name}: {value}" for name, value in headers_for(tool_call()).items()]
+    async with kept_alive(answer) as upstream:
+        front = await start_served_hub(
+            nats_url, bucket, tmp_path, upstreams=(UpstreamSpec(None, upstream.url()),)
+        )
+        stopping = None
+        try:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port_of(front))
+            writer.write(post_head(*fields, f"Content-Length: {len(body)}") + body)
+            await asyncio.wait_for(arrived.wait(), 10)
+            stopping = asyncio.ensure_future(front.stop())
+
+            async def refused() -> bool:  # listeners closed: uvicorn then shut connections
+                try:
+                    _, probe = await asyncio.open_connection("127.0.0.1", port_of(front))
+                except OSError:
+                    return True
+                probe.close()
+                return False
+
+            await eventually(refused, timeout=10)
+            release.set()
+            reply = await asyncio.wait_for(reader.read(), 10)  # to the end: then it closes
+            writer.close()
+        finally:
+            if stopping is None:
+                await front.stop()
+            else:
+                await asyncio.wait_for(stopping, 20)
+    assert reply.startswith(b"HTTP/1.1 200 OK")
+    assert b'"finished": true' in reply
