@@ -132,8 +132,8 @@ class InPlaceCycle:
         except Exception:
             self._protocol.logger.exception("answering in place failed")
             if self._head is None and not self._done:
-                self._protocol.transport.write(_INTERNAL_ERROR)
-                self._done = True
+                self._protocol.transport.write(_INTERNAL_ERROR)  # then the connection closes
+            self._done = False
         finally:
             self._protocol.end_in_place(self._done)
 

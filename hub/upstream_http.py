@@ -405,9 +405,11 @@ class Client:
         while idle:
             connection = idle.pop()
             self._idle_count -= 1
-            if now - connection.idle_since < self.idle_expiry and connection.keep_alive:
+            transport = connection.transport
+            fresh = now - connection.idle_since < self.idle_expiry
+            if fresh and transport is not None and not transport.is_closing():
                 return connection
-            connection.close()  # the most recent is too old: so are the rest
+            connection.close()  # too old (then so are the rest, closed in turn), or closing
         return None
 
     async def _connect(self, origin: Origin, deadline: float, timeout: float) -> _Connection:
