@@ -20,7 +20,8 @@ from starlette.types import Receive, Scope, Send
 
 from hub import dashboard, jsonrpc
 from hub.config import Config
-from hub.endpoint import JSON, Forwarding, McpEndpoint, Reply, respond
+from hub.endpoint import JSON, McpEndpoint, Reply, respond
+from hub.forward_call import Forwarding
 from hub.hosts import HostRule
 from hub.legacy.endpoint import LegacyEndpoint
 from hub.legacy.sessions import Sessions

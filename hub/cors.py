@@ -10,6 +10,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Set
 from urllib.parse import urlsplit
 
+from starlette.types import Message, Send
+
+RawHeaders = list[tuple[bytes, bytes]]
+
 ALLOW_METHODS = "POST"
 ALLOW_HEADERS = "Authorization, Content-Type, MCP-Protocol-Version, Mcp-Method, Mcp-Name, Accept"
 # Beyond the CORS-safelisted ones, what a page may read: the 401 challenge and 429 back-off.
@@ -83,3 +87,16 @@ def response_headers(origin: str | None, allowed_origins: Set[str]) -> dict[str,
 def _allowed(origin: str | None, allowed_origins: Set[str]) -> bool:
     # "null" (sandboxed frames, file: pages) is shared by every such page: never trust it.
     return origin is not None and origin != "null" and origin in allowed_origins
+
+
+def adding_headers(send: Send, headers: RawHeaders) -> Send:
+    """`send`, with `headers` added to the response start."""
+    if not headers:
+        return send
+
+    async def send_with_headers(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            message = {**message, "headers": [*message.get("headers", ()), *headers]}
+        await send(message)
+
+    return send_with_headers

@@ -17,19 +17,19 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Mapping
-from typing import Any, NamedTuple
+from typing import Any
 
-from starlette.types import Message, Receive, Scope, Send
+from starlette.types import Receive, Scope, Send
 
 from hub import forwarding, handlers, jsonrpc
 from hub.auth import AuthError, Identity, credentials_from
 from hub.cache import TaskSnapshot
 from hub.connection import WholeResponse, connection_of
-from hub.cors import is_preflight, preflight_headers
+from hub.cors import adding_headers, is_preflight, preflight_headers
 from hub.cors import response_headers as cors_response_headers
+from hub.forward_call import Forwarding, Outgoing
 from hub.forwarding import TrustedProxies
 from hub.headers import encode_headers, header_map
-from hub.metrics import Metrics
 from hub.nats_source import StoreUnavailable
 from hub.protocol import (
     LEGACY_METHODS,
@@ -44,7 +44,7 @@ from hub.protocol import (
 from hub.runtime import Hub
 from hub.sse import ListenStream
 from hub.subscriber import Subscriber
-from hub.upstream import Answer, Upstream, UpstreamError, Watch
+from hub.upstream import Answer, Upstream, UpstreamError
 from hub.upstream_tasks import Caller, PassThrough
 
 # The methods answered in place when cached (by their Mcp-Method header, a hint only:
@@ -73,54 +73,6 @@ class BodyError(Exception):
     def __init__(self, status: int, message: str) -> None:
         super().__init__(message)
         self.status = status
-
-
-class Outgoing(NamedTuple):
-    """What goes upstream with a request: the head the hub makes of the client's (its
-    fields, and as encoded lines), and the caller whose requests in flight it counts
-    against (forwarding.py)."""
-
-    headers: RawHeaders
-    caller: str
-    lines: bytes
-
-
-class Forwarding(NamedTuple):
-    """A request on its way to the upstream, which answers on `send` itself."""
-
-    upstream: Upstream
-    body: bytes
-    request_id: jsonrpc.RequestId | None
-    outgoing: Outgoing
-    metrics: Metrics
-    watch: Watch | None = None  # what sees a task the answer creates
-    extra_headers: RawHeaders | None = None  # CORS, when it runs on the connection
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """The ASGI path: ended when `receive` says the client left."""
-        outgoing = self.outgoing
-        outcome = await self.upstream.forward_until_gone(
-            receive, send, self.body, self.request_id, outgoing.lines, outgoing.caller, self.watch
-        )
-        self.metrics.upstream_requests.inc(1, self.upstream.spec.label, outcome)
-
-    async def run_in_place(self, send: Send) -> None:
-        """On the connection itself (hub/connection.py), which cancels it when the client
-        leaves."""
-        label = self.upstream.spec.label
-        try:
-            outcome = await self.upstream.forward(
-                adding_headers(send, self.extra_headers or []),
-                self.body,
-                self.request_id,
-                self.outgoing.lines,
-                self.outgoing.caller,
-                self.watch,
-            )
-        except asyncio.CancelledError:
-            self.metrics.upstream_requests.inc(1, label, "client_gone")
-            raise
-        self.metrics.upstream_requests.inc(1, label, outcome)
 
 
 Responder = ListenStream | Forwarding
@@ -574,19 +526,6 @@ def _too_large(limit: int) -> BodyError:
 def _method_label(method: str | None) -> str:
     """Keep the metric's label set bounded: unknown methods share one label."""
     return method if method in METHODS else "-"
-
-
-def adding_headers(send: Send, headers: RawHeaders) -> Send:
-    """`send`, with `headers` added to the response start."""
-    if not headers:
-        return send
-
-    async def send_with_headers(message: Message) -> None:
-        if message["type"] == "http.response.start":
-            message = {**message, "headers": [*message.get("headers", ()), *headers]}
-        await send(message)
-
-    return send_with_headers
 
 
 async def read_body(scope: Scope, receive: Receive, limit: int, timeout: float) -> bytes:

@@ -18,6 +18,7 @@ from collections.abc import Iterable
 from typing import NamedTuple
 
 from hub.auth import COOKIE_NAME
+from hub.headers import head_lines
 from hub.upstream_http import DECODABLE
 
 RawHeaders = list[tuple[bytes, bytes]]
@@ -124,12 +125,7 @@ def request_headers(
     return out
 
 
-def encode_lines(headers: RawHeaders) -> bytes:
-    """Header fields as the lines of an HTTP/1.1 head."""
-    return b"".join(b"%s: %s\r\n" % field for field in headers)
-
-
-class Outgoing(NamedTuple):
+class SentHead(NamedTuple):
     """The head that goes upstream for a client's: its fields, and as encoded lines."""
 
     headers: RawHeaders
@@ -147,11 +143,11 @@ class OutgoingHeads:
     def __init__(self, trusted: TrustedProxies, memo_bytes: int = 1 << 20) -> None:
         self.trusted = trusted
         self.memo_bytes = memo_bytes
-        self._new: dict[tuple[object, ...], Outgoing] = {}
-        self._old: dict[tuple[object, ...], Outgoing] = {}
+        self._new: dict[tuple[object, ...], SentHead] = {}
+        self._old: dict[tuple[object, ...], SentHead] = {}
         self._new_bytes = 0
 
-    def of(self, headers: RawHeaders, peer: str | None, scheme: str) -> Outgoing:
+    def of(self, headers: RawHeaders, peer: str | None, scheme: str) -> SentHead:
         key = (tuple(headers), peer, scheme)
         found = self._new.get(key)
         if found is not None:
@@ -159,7 +155,7 @@ class OutgoingHeads:
         found = self._old.pop(key, None)
         if found is None:
             sent = request_headers(headers, peer, scheme, self.trusted)
-            found = Outgoing(sent, encode_lines(sent))
+            found = SentHead(sent, head_lines(sent))
             if len(found.lines) > self.MEMO_HEAD:
                 return found
         if self._new_bytes + len(found.lines) > self.memo_bytes:

@@ -31,6 +31,11 @@ def header_map(raw: Iterable[tuple[bytes, bytes]]) -> dict[str, str]:
     return headers
 
 
+def head_lines(headers: Iterable[tuple[bytes, bytes]]) -> bytes:
+    """Header fields as the lines of an HTTP/1.1 head, each ending in CRLF."""
+    return b"".join([b"%s: %s\r\n" % field for field in headers])
+
+
 def encode_headers(headers: Mapping[str, str]) -> list[tuple[bytes, bytes]]:
     """Headers given by name (an `RpcError`'s, CORS's) as raw ASGI headers."""
     return [(k.lower().encode(), v.encode("latin-1")) for k, v in headers.items()]

@@ -21,8 +21,7 @@ from starlette.types import Receive, Scope, Send
 from bridge.wire import Status
 from hub import jsonrpc
 from hub.auth import Identity
-from hub.cors import response_headers
-from hub.endpoint import adding_headers
+from hub.cors import adding_headers, response_headers
 from hub.limits import retry_after
 from hub.runtime import Hub
 from hub.sse import ListenStream

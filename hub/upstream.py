@@ -36,7 +36,7 @@ from starlette.types import Receive, Send
 from bridge.events import DEFAULT_SERVICE
 from hub import forwarding, jsonrpc
 from hub.event_reader import EventReader, EventTooLarge, json_message
-from hub.headers import encode_headers
+from hub.headers import encode_headers, head_lines
 from hub.metrics import Metrics
 from hub.upstream_http import Origin, Response, UpstreamFault
 from hub.upstream_pool import Pool
@@ -186,7 +186,7 @@ class Upstream:
         upstream keeps): from a JSON reply, or the message answering `request_id` on an SSE
         stream. Any 4xx passes as it came, as do errors in JSON-RPC."""
         with self.pool.slot(caller):
-            response = await self._send(body, forwarding.encode_lines(headers))
+            response = await self._send(body, head_lines(headers))
             try:
                 kept = forwarding.response_headers(response.headers)
                 if response.media_type == EVENT_STREAM:
@@ -214,7 +214,7 @@ class Upstream:
         `subscriptions/listen` at the upstream, hub/upstream_events.py). An answer that is
         no event stream raises `Declined` with what it said; faults are UpstreamErrors."""
         with self.pool.slot(caller):
-            response = await self._send(body, forwarding.encode_lines(headers))
+            response = await self._send(body, head_lines(headers))
             try:
                 if response.media_type != EVENT_STREAM:
                     content = await self._read_body(response)
@@ -240,7 +240,7 @@ class Upstream:
         messages (notifications and requests on that stream are not relayed). An event
         is held to the same limits as a JSON answer."""
         with self.pool.slot(caller):
-            response = await self._send(body, forwarding.encode_lines(headers))
+            response = await self._send(body, head_lines(headers))
             try:
                 if response.media_type != EVENT_STREAM:
                     return await self._read_json(response)
@@ -483,7 +483,7 @@ def _acceptable(response: Response, content: bytes) -> bool:
     if not content:
         return status < 500
     try:
-        return _read_envelope(content).jsonrpc == "2.0"
+        return _jsonrpc_of(content).jsonrpc == "2.0"
     except msgspec.DecodeError:  # not JSON, not an object, or no string `jsonrpc`
         return False
 
@@ -494,7 +494,7 @@ class _Envelope(msgspec.Struct):
     jsonrpc: str
 
 
-_read_envelope = msgspec.json.Decoder(_Envelope).decode
+_jsonrpc_of = msgspec.json.Decoder(_Envelope).decode
 
 
 def _answers(message: dict[str, Any], request_id: Any) -> bool:

@@ -32,6 +32,7 @@ from uvicorn.protocols.http.httptools_impl import (
 
 from hub import head_limits
 from hub.head_limits import HeadLimits, HeadRefused
+from hub.headers import head_lines
 
 Cycle = RequestResponseCycle
 RawHeaders = list[tuple[bytes, bytes]]
@@ -134,12 +135,8 @@ class HeaderBlock:
 
     def __init__(self, headers: RawHeaders) -> None:
         self.headers = headers
-        lines: list[bytes] = []
-        self.closing = False
-        for name, value in headers:
-            lines += (name, b": ", value, b"\r\n")
-            self.closing = self.closing or _says_close(name, value)
-        self.lines = b"".join(lines)
+        self.closing = any(_says_close(name, value) for name, value in headers)
+        self.lines = head_lines(headers)
 
     @classmethod
     def of(cls, headers: RawHeaders, last: HeaderBlock) -> HeaderBlock:
@@ -444,7 +441,7 @@ class Protocol(HttpToolsProtocol):
         defaults = self._defaults = HeaderBlock.of(
             self.server_state.default_headers, self._defaults
         )
-        lines = b"".join([b"%s: %s\r\n" % field for field in headers])
+        lines = head_lines(headers)
         return b"".join((STATUS_LINE[status], defaults.lines, lines, framing, b"\r\n"))
 
     def write_paused(self) -> bool:

@@ -19,7 +19,8 @@ from starlette.types import Receive, Scope, Send
 
 from bridge.wire import kv_subject
 from hub.app import HubApp
-from hub.endpoint import Forwarding, McpEndpoint, Reply
+from hub.endpoint import McpEndpoint, Reply
+from hub.forward_call import Forwarding
 from hub.sse import ListenStream
 from tests.helpers import (
     HubHarness,
