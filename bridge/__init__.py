@@ -17,6 +17,7 @@ from bridge.states import (
     InvalidPayload,
     TerminalStateError,
 )
+from bridge.store_reads import StoreUnavailable
 from bridge.wire import DetailedTask, InvalidEnvelope, TaskError
 
 __all__ = [
@@ -32,6 +33,7 @@ __all__ = [
     "InputKeyReused",
     "InvalidEnvelope",
     "InvalidPayload",
+    "StoreUnavailable",
     "TaskBridge",
     "TaskError",
     "TaskExpired",

@@ -34,7 +34,6 @@ from nats.js import api
 from nats.js.errors import (
     APIError,
     NoStreamResponseError,
-    NotFoundError,
     ServerError,
     ServiceUnavailableError,
 )
@@ -51,6 +50,7 @@ from bridge.events import DEFAULT_SERVICE, FleetEvents
 from bridge.jetstream import ensure_bucket, ensure_control_stream
 from bridge.publisher import AckedPublisher
 from bridge.states import BridgeEnvelope
+from bridge.store_reads import StoreUnavailable, StoreView, read_last
 from bridge.wire import (
     CONTROL_STREAM,
     DEFAULT_BUCKET,
@@ -80,6 +80,9 @@ PUBLISH_TIMEOUT_S = 5.0
 MAX_MESSAGE_TTL_S = 100 * 365 * 24 * 3600
 # Losing the CAS this many times in a row means the key is hot; give up loudly.
 MAX_ATTEMPTS = 8
+# A state change: how long it keeps trying to learn whether its write landed, or to find
+# an elected leader that takes it, before it raises StoreUnavailable.
+WRITE_DEADLINE_S = 15.0
 # create(): how long it keeps trying to learn whether its write landed (a lost ack, a
 # leader election, a reconnect) before it raises CreateOutcomeUnknown; and its back-off.
 CREATE_DEADLINE_S = 15.0
@@ -96,7 +99,10 @@ _TRANSIENT: tuple[type[Exception], ...] = (
     ServiceUnavailableError,
     ServerError,
 )
+_WRITE_FAILURES: tuple[type[Exception], ...] = (APIError, *_TRANSIENT)
+_READ_FAILURES: tuple[type[Exception], ...] = (*_TRANSIENT, StoreUnavailable)
 _CACHE_SIZE = 4096
+_UNKNOWN: Any = object()  # _look(): no answer to believe
 
 Clock = Callable[[], datetime]
 # A transition: (current task, every input key issued so far, now) → next task.
@@ -204,6 +210,9 @@ class TaskBridge:
         # The last (revision, envelope) this bridge wrote or read per task: most writes
         # follow our own previous write, so they skip the read. The CAS catches staleness.
         self._cache: OrderedDict[str, tuple[int, BridgeEnvelope]] = OrderedDict()
+        # The newest stream sequence this bridge has seen (its acks, its reads): a read is
+        # believed only from a store at least as new (bridge/store_reads.py).
+        self._view = StoreView()
         # Forwarded tasks/update and tasks/cancel; consuming starts with the first handler.
         self._control = ControlConsumer(self, nc, control or ControlOptions())
 
@@ -381,7 +390,7 @@ class TaskBridge:
             except _TRANSIENT as exc:
                 cause = exc
                 # The write may have landed with its ack lost: look before writing again.
-                with contextlib.suppress(*_TRANSIENT):
+                with contextlib.suppress(*_TRANSIENT, StoreUnavailable):
                     entry = await self._read(task_id)
                     if entry is not None:
                         return entry
@@ -397,7 +406,7 @@ class TaskBridge:
         loop = asyncio.get_running_loop()
         delay = _RETRY_FIRST_S
         while True:
-            with contextlib.suppress(*_TRANSIENT):
+            with contextlib.suppress(*_TRANSIENT, StoreUnavailable):
                 entry = await self._read(task_id)
                 if entry is not None:
                     return entry
@@ -461,7 +470,9 @@ class TaskBridge:
     # -- reads ----------------------------------------------------------------------------
 
     async def get(self, task_id: str) -> TaskRecord | None:
-        """The current stored state, read from the stream leader; None if there is none."""
+        """The current stored state, read from the elected stream leader; None if there is
+        none. Raises StoreUnavailable when no leader with its quorum and a store as new as
+        this bridge has seen answered within the read's deadline (bridge/store_reads.py)."""
         entry = await self._read(task_id)
         return None if entry is None else _record(task_id, *entry)
 
@@ -476,12 +487,10 @@ class TaskBridge:
     async def _read(self, task_id: str) -> tuple[int, BridgeEnvelope] | None:
         if not is_task_id(task_id):
             return None  # also keeps wildcards and dots out of the subject
-        try:
-            # direct=False: the leader answers, so we see our own and others' latest write.
-            msg = await self._js.get_msg(
-                self._stream, subject=kv_subject(self.bucket, task_id), direct=False
-            )
-        except NotFoundError:
+        # The elected leader answers, so we see our own and others' latest write.
+        subject = kv_subject(self.bucket, task_id)
+        msg = await read_last(self._js, self._stream, subject, self._view)
+        if msg is None:
             return None
         if is_removal(msg.headers):
             self._cache.pop(task_id, None)
@@ -495,41 +504,87 @@ class TaskBridge:
     # -- the compare-and-set loop --------------------------------------------------------
 
     async def _change(self, task_id: str, step: Step) -> TaskRecord:
-        entry = self._cache.get(task_id) if is_task_id(task_id) else None
-        fresh = False
-        for _ in range(MAX_ATTEMPTS):
+        """Compute the next state from the stored one and write it if the key is unchanged.
+
+        A "wrong last sequence" refusal is a lost race only when the elected leader shows a
+        newer revision that is not ours: the same revision means a write still pending
+        for the key (ours, its ack lost, on a leader cut off from the others), so this
+        waits and writes again; a stored state equal to one of our own attempts is our
+        write, landed. A write whose ack is lost is looked up the same way. So within
+        WRITE_DEADLINE_S this returns, or raises what the stored state says (TaskNotFound,
+        a refused transition, WriteConflict after MAX_ATTEMPTS lost races); past it, with
+        no answer to believe, StoreUnavailable (the write may or may not be stored).
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + WRITE_DEADLINE_S
+        delay = _RETRY_FIRST_S
+        entry: Any = self._cache.get(task_id) if is_task_id(task_id) else None
+        fresh, lost = False, 0
+        attempts: list[BridgeEnvelope] = []  # written, and not known to be refused
+        while True:
             if entry is None:
-                entry = await self._read(task_id)
-                fresh = True
-                if entry is None:
-                    raise TaskNotFound(f"no task {task_id!r}")
-            revision, envelope = entry
-            now = self._clock()
-            try:
-                task = step(envelope.task, frozenset(envelope.issuedInputKeys), now)
-            except ValueError:
-                if fresh:
-                    raise
-                entry = None  # a refusal must come from the stored state, not our cache
-                continue
-            if task is envelope.task:  # nothing to write (answer() with stale keys)
-                if fresh:
+                entry, fresh = await self._look(task_id), True
+            if entry is None:
+                raise TaskNotFound(f"no task {task_id!r}")
+            if entry is not _UNKNOWN:
+                revision, envelope = entry
+                if envelope in attempts:  # what is stored is our own earlier attempt
                     return _record(task_id, revision, envelope)
-                entry = None
-                continue
-            updated = states.with_task(envelope, task)
-            try:
-                new_revision = await self._publish(
-                    task_id, updated, revision, message_ttl(task, now)
+                now = self._clock()
+                try:
+                    task = step(envelope.task, frozenset(envelope.issuedInputKeys), now)
+                except ValueError:
+                    if fresh:
+                        raise
+                    entry = None  # a refusal must come from the stored state, not our cache
+                    continue
+                if task is envelope.task:  # nothing to write (answer() with stale keys)
+                    if fresh:
+                        return _record(task_id, revision, envelope)
+                    entry = None
+                    continue
+                updated = states.with_task(envelope, task)
+                attempts.append(updated)
+                try:
+                    new_revision = await self._publish(
+                        task_id, updated, revision, message_ttl(task, now)
+                    )
+                except _WRITE_FAILURES as exc:
+                    wrong_last = isinstance(exc, APIError) and exc.err_code in _WRONG_LAST_SEQUENCE
+                    if not wrong_last and not isinstance(exc, _TRANSIENT):
+                        raise  # refused outright: nothing was stored
+                    entry, fresh = await self._look(task_id), True
+                    if entry is None or entry is _UNKNOWN or entry[1] in attempts:
+                        continue  # gone, unknown (wait below), or ours
+                    if entry[0] != revision:
+                        lost += 1  # another writer got there first: compute on theirs
+                        if lost >= MAX_ATTEMPTS:
+                            raise WriteConflict(
+                                f"task {task_id}: {MAX_ATTEMPTS} concurrent writes in a row won"
+                            ) from exc
+                        continue
+                else:
+                    self._view.saw(new_revision)
+                    self._remember(task_id, new_revision, updated)
+                    return _record(task_id, new_revision, updated)
+            # No answer to believe, or the key unchanged behind a pending write or a lost
+            # ack: wait for the cluster (an election, a heal), then look again.
+            if loop.time() + delay > deadline:
+                raise StoreUnavailable(
+                    f"task {task_id}: no elected leader took the write within "
+                    f"{WRITE_DEADLINE_S:g}s; it may or may not be stored"
                 )
-            except APIError as exc:
-                if exc.err_code not in _WRONG_LAST_SEQUENCE:
-                    raise
-                entry = None  # lost the CAS: re-read what the winner wrote and recompute
-                continue
-            self._remember(task_id, new_revision, updated)
-            return _record(task_id, new_revision, updated)
-        raise WriteConflict(f"task {task_id}: {MAX_ATTEMPTS} concurrent writes in a row won")
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, _RETRY_MAX_S)
+            entry = None
+
+    async def _look(self, task_id: str) -> Any:
+        """The stored entry, None if there is none, or _UNKNOWN when the store gave no
+        answer to believe now."""
+        try:
+            return await self._read(task_id)
+        except _READ_FAILURES:
+            return _UNKNOWN
 
     async def _publish(
         self, task_id: str, envelope: BridgeEnvelope, last: int, ttl_s: int | None

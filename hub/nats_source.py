@@ -10,9 +10,14 @@ ready.
 
 A miss reads the key from the stream leader (`STREAM.MSG.GET`, not a direct get that
 a lagging follower could answer), so a task created anywhere is found everywhere
-(invariant 1, H44). "Not found" is believed only from a store at least as new as
-anything this hub has seen: a deposed leader (paused, then resumed) answers from its old
-store until it learns of the new term, and that answer must not become a false -32602.
+(invariant 1, H44). An answer is believed only from a leader that still has its quorum
+and a store at least as new as anything this hub has seen (bridge/store_reads.py): a
+leader cut off from the others answers from its old store until it notices, and that
+answer must not become a false -32602 or an old state.
+
+Readiness is vouched for by the same leader: a ready hub's check asks its consumer and
+the stream's leader each time, and a leader that has not heard from a quorum of its
+replicas lately, or no answer at all, makes the hub re-watch and not ready.
 """
 
 from __future__ import annotations
@@ -29,10 +34,11 @@ from typing import Any
 
 import nats
 from nats.aio.client import Client as NatsClient
+from nats.aio.msg import Msg
 from nats.js import api
-from nats.js.errors import NotFoundError
 
 from bridge.jetstream import ensure_bucket, ensure_control_stream
+from bridge.store_reads import StoreUnavailable, StoreView, leads_with_quorum, read_last
 from bridge.wire import (
     CONTROL_STREAM,
     control_subject,
@@ -62,8 +68,12 @@ WATCH_STUCK_CHECKS = 3
 WATCH_STALE_BOUND_S = max(
     WATCH_CHECK_S + WATCH_CHECK_TIMEOUT_S, (WATCH_STUCK_CHECKS + 1) * WATCH_CHECK_S
 )
-# How long a miss waits for a store answer at least as new as the hub's view.
-CONFIRM_MISS_S = 2.0
+# How long the bucket stream must show a sequence behind the hub's before it counts as reset.
+CONFIRM_RESET_S = 3.0
+# JetStream announces each newly elected stream leader here (the stream's name follows).
+LEADER_ELECTED = "$JS.EVENT.ADVISORY.STREAM.LEADER_ELECTED."
+# How often a re-watch asks for a leader with its quorum, between such announcements.
+REWATCH_PAUSE_S = 0.5
 # How long a closing hub waits to delete its watch's consumer (else it expires).
 CLOSE_DELETE_S = 1.0
 
@@ -85,8 +95,7 @@ def read_sync_policy(monitor_url: str, timeout: float) -> str | None:
     return f"{interval_ns / 1e9:g}s"
 
 
-class StoreUnavailable(RuntimeError):
-    """NATS could not answer a read-through; the caller answers -32603 (H70)."""
+__all__ = ["NatsSource", "StoreUnavailable"]  # StoreUnavailable: the caller answers -32603
 
 
 def _created(info: api.StreamInfo) -> str:
@@ -133,8 +142,10 @@ class NatsSource:
         self._caught_up = asyncio.Event()
         self._catch_up_seq = 0  # stream sequence the cache must reach to be current
         self._applied_seq = 0  # highest stream sequence applied from the watch
-        self._seen_seq = 0  # highest stream sequence any store answer showed
+        self._view = StoreView()  # highest stream sequence any store answer showed
         self._stream_created = ""  # the bucket stream's creation time, as of the last watch
+        self._behind_since = 0.0  # when the stream first showed a sequence behind ours
+        self._elected = asyncio.Event()  # a new bucket stream leader was announced
         self._catch_up_task: asyncio.Task[None] | None = None
         self._first_read_task: asyncio.Task[None] | None = None
         self._first_read_tried = False  # once per bucket stream: if it fails, the watch reads
@@ -174,12 +185,18 @@ class NatsSource:
             **self.nats_options,
         )
         self.js = self.nc.jetstream(timeout=self.request_timeout)
+        # Re-watch on a new leader the moment it is elected, not a request timeout later.
+        await self.nc.subscribe(LEADER_ELECTED + self.stream, cb=self._on_leader_elected)
         await ensure_bucket(self.js, self.bucket, self.replicas)
         await ensure_control_stream(self.js, self.replicas)
         await self._report_durability()
         if self.checkpoints is not None:
             await self._restore(self.checkpoints)
-        await self._watch()
+        try:
+            await self._watch()
+        except StoreUnavailable as exc:  # a leader without its quorum: not ready yet
+            log.warning("cannot watch the bucket yet (%s); retrying", exc)
+            self._restart_watch(counted=False)
         self._check_task = asyncio.create_task(self._check_watch())
         if self.checkpoints is not None:
             self.checkpoints.start()
@@ -226,7 +243,8 @@ class NatsSource:
         created = _created(info)
         seq = checkpoints.restore(created, info.state.last_seq)
         if seq is not None:
-            self._applied_seq = self._seen_seq = seq
+            self._applied_seq = seq
+            self._view.saw(seq)
             self._stream_created = created  # the stream the file was checked against
 
     @property
@@ -244,7 +262,9 @@ class NatsSource:
         connected to: if that node dies, nothing disconnects and nothing arrives. Ready
         means caught up, so a consumer that cannot be asked within WATCH_CHECK_TIMEOUT_S,
         or that has messages pending but delivered none for WATCH_STUCK_CHECKS checks
-        running, is replaced, not trusted: a ready hub is at most WATCH_STALE_BOUND_S
+        running, is replaced, not trusted; so is a watch whose stream leader cannot be
+        asked or has lost touch with its quorum (cut off with our node, it sees nothing
+        pending while the majority writes on). A ready hub is at most WATCH_STALE_BOUND_S
         behind its bucket, and `/readyz` is 503 until the new watch has caught up.
         """
         stuck, last_delivered = 0, -1
@@ -256,10 +276,22 @@ class NatsSource:
                 continue
             try:
                 async with asyncio.timeout(WATCH_CHECK_TIMEOUT_S):
-                    info = await self.js.consumer_info(self.stream, feed.consumer)
+                    info, stream = await asyncio.gather(
+                        self.js.consumer_info(self.stream, feed.consumer),
+                        self.js.stream_info(self.stream),
+                    )
             except Exception as exc:
                 if feed is self._feed and self.ready:
                     log.warning("bucket watch consumer unreachable (%s); re-watching", exc)
+                    stuck, last_delivered = 0, -1
+                    self._restart_watch()
+                continue
+            if not leads_with_quorum(stream):
+                if feed is self._feed and self.ready:
+                    log.warning(
+                        "bucket stream leader %s lost touch with its replicas; re-watching",
+                        stream.cluster.leader if stream.cluster else "?",
+                    )
                     stuck, last_delivered = 0, -1
                     self._restart_watch()
                 continue
@@ -275,14 +307,27 @@ class NatsSource:
         async with asyncio.timeout(timeout):
             await self._caught_up.wait()
 
-    async def _watch(self) -> None:
+    async def _watch(self, info: api.StreamInfo | None = None) -> None:
         """Start (or resume) the watch and the catch-up check that gates readiness."""
-        info = await self.js.stream_info(self.stream)
+        if info is None:
+            info = await self.js.stream_info(self.stream)
+        if not leads_with_quorum(info):
+            raise StoreUnavailable("the bucket stream's leader has lost touch with its quorum")
         created = _created(info)
         # The bucket deleted and made anew: another creation time, even when the new
         # stream's sequence has passed ours; or, where the server gives none, a sequence
-        # that went backwards.
+        # that went backwards. The same stream behind what we applied is first taken for
+        # a replica answering from behind and asked again; only when it stays behind for
+        # CONFIRM_RESET_S (writes lost to a crash of every node) is it a reset.
         made_anew = bool(self._stream_created and created) and created != self._stream_created
+        behind = bool(self._applied_seq and created) and info.state.last_seq < self._applied_seq
+        if behind and not made_anew:
+            now = time.monotonic()
+            self._behind_since = self._behind_since or now
+            if now - self._behind_since < CONFIRM_RESET_S:
+                self.metrics.stale_reads.inc()
+                raise StoreUnavailable("the bucket stream answered from behind this hub")
+        self._behind_since = 0.0
         self._stream_created = created
         last_seq = info.state.last_seq if info.state.messages else 0
         if self._applied_seq and not made_anew and info.state.last_seq >= self._applied_seq:
@@ -300,7 +345,8 @@ class NatsSource:
                 if self.checkpoints is not None:
                     self.checkpoints.made_anew()
                 self.cache.reset()
-                self._applied_seq = self._seen_seq = 0
+                self._applied_seq = 0
+                self._view = StoreView()
                 self._first_read_tried = False
             if last_seq and not self._first_read_tried:
                 # Nothing cached: read every task in bulk first, then watch from there.
@@ -317,7 +363,7 @@ class NatsSource:
                 inactive_threshold=INACTIVE_CONSUMER_S,
             )
         self._catch_up_seq = last_seq
-        self._seen_seq = max(self._seen_seq, last_seq)
+        self._view.saw(last_seq)
         feed = BucketWatch(
             self.js,
             self.stream,
@@ -396,13 +442,44 @@ class NatsSource:
             try:
                 if old is not None:
                     await self._discard(old)
-                await self._watch()
+                await self._watch(await self._leader_info())
                 if counted:
                     self.metrics.rewatches.inc()
                 return
             except Exception as exc:
                 log.warning("re-watch failed (%s); retrying", type(exc).__name__)
                 await asyncio.sleep(0.5)
+
+    async def _leader_info(self) -> api.StreamInfo:
+        """The bucket stream's info from a leader that has its quorum. Asked again at once
+        when JetStream announces a new leader (an ask in flight is dropped: after a node
+        died it would time out), else every REWATCH_PAUSE_S."""
+        while True:
+            self._elected.clear()
+            ask = asyncio.ensure_future(self.js.stream_info(self.stream))
+            elected = asyncio.ensure_future(self._elected.wait())
+            try:
+                done, _ = await asyncio.wait({ask, elected}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                elected.cancel()
+            if ask not in done:
+                ask.cancel()
+                continue
+            try:
+                info: api.StreamInfo = ask.result()
+            except Exception as exc:  # no leader yet, a timeout, a reconnect
+                log.debug("bucket stream info failed during a re-watch: %s", exc)
+            else:
+                if leads_with_quorum(info):
+                    return info
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(REWATCH_PAUSE_S):
+                    await self._elected.wait()
+
+    async def _on_leader_elected(self, msg: Msg) -> None:
+        """JetStream's advisory: the bucket stream has a new leader."""
+        log.info("bucket stream leader elected: %s", msg.data[:200].decode(errors="replace"))
+        self._elected.set()
 
     async def _confirm_catch_up(self) -> None:
         """The last message may have expired before delivery: ask the consumer too."""
@@ -431,52 +508,15 @@ class NatsSource:
             self._mark_caught_up()
 
     async def read_store(self, task_id: str) -> Any:
-        """The key's raw last message from the stream leader, or None once a store at
-        least as new as this hub's view shows it is not there.
-
-        Each try asks two things at once: the key's last message, and the stream's state
-        filtered to the key (presence and last sequence from one store, in one answer). A
-        miss stands only if that state shows the key absent as of a sequence no older than
-        the newest this hub has seen (its watch, earlier answers); else the answer came
-        from behind (a deposed leader) and is asked again, until CONFIRM_MISS_S has passed
-        and the read fails as unavailable, to be retried by the client. Every read costs
-        the same two requests, found or not (H46's timing class).
-        """
+        """The key's raw last message from the stream leader, or None once the elected
+        leader, with a store at least as new as this hub's view (its watch, earlier
+        answers), shows it is not there (bridge/store_reads.py); StoreUnavailable when no
+        believable answer came within its deadline, to be retried by the client."""
+        self._view.saw(self._applied_seq)
         subject = kv_subject(self.bucket, task_id)
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + CONFIRM_MISS_S
-        pause = 0.05
-        while True:
-            try:
-                raw, info = await asyncio.gather(
-                    self._last_message(subject),
-                    self.js.stream_info(self.stream, subjects_filter=subject),
-                )
-            except Exception as exc:  # no leader for a moment, a timeout, a reconnect
-                failure = f"task store unavailable: {type(exc).__name__}"
-                cause: Exception | None = exc
-            else:
-                state = info.state
-                if raw is not None:
-                    self._seen_seq = max(self._seen_seq, raw.seq or 0)
-                    return raw
-                present = bool(state.subjects and state.subjects.get(subject))
-                if not present and state.last_seq >= max(self._seen_seq, self._applied_seq):
-                    self._seen_seq = state.last_seq
-                    return None
-                self.metrics.stale_reads.inc()
-                failure = "task store answered from behind this hub's view; retry"
-                cause = None
-            if loop.time() + pause > deadline:
-                raise StoreUnavailable(failure) from cause
-            await asyncio.sleep(pause)
-            pause = min(2 * pause, 0.5)
-
-    async def _last_message(self, subject: str) -> Any:
-        try:
-            return await self.js.get_msg(self.stream, subject=subject, direct=False)
-        except NotFoundError:
-            return None
+        return await read_last(
+            self.js, self.stream, subject, self._view, doubted=self.metrics.stale_reads.inc
+        )
 
     async def read_through(self, task_id: str) -> TaskSnapshot | None:
         """The task's current snapshot, from the cache or else from the KV leader."""

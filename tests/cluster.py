@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -25,6 +26,7 @@ from nats.js import api
 
 from hub.embedded_nats import NatsServerProcess, die_with_parent
 from tests.helpers import eventually, free_port
+from tests.tcp_proxy import TcpProxy
 
 CLUSTER_NAME = "taskhub-faults"
 
@@ -40,6 +42,7 @@ class ClusterNode(NatsServerProcess):
         routes: list[int],
         *,
         advertise: bool = True,
+        cluster_advertise: int | None = None,
     ) -> None:
         super().__init__(
             data_dir,
@@ -55,6 +58,12 @@ class ClusterNode(NatsServerProcess):
                 ",".join(f"nats://127.0.0.1:{port}" for port in routes),
                 # Without advertising, clients keep to the URLs they were given (a proxy).
                 *([] if advertise else ["--no_advertise"]),
+                # Routed through proxies: what gossip tells the other nodes to dial.
+                *(
+                    []
+                    if cluster_advertise is None
+                    else ["--cluster_advertise", f"127.0.0.1:{cluster_advertise}"]
+                ),
             ],
         )
         self.name = name
@@ -152,13 +161,38 @@ class NatsCluster:
             await nc.close()
 
     async def stream_leader(self, stream: str) -> ClusterNode:
-        nc = await nats.connect(servers=self.urls)
+        nc = await nats.connect(servers=[node.url for node in self.nodes if node.running])
         try:
             info = await nc.jetstream(timeout=2.0).stream_info(stream)
         finally:
             await nc.close()
         assert info.cluster is not None and info.cluster.leader is not None, info
         return self.node(info.cluster.leader)
+
+    async def meta_leader(self) -> ClusterNode:
+        """The node leading JetStream's meta group (it makes consumers), from `/jsz`."""
+        node = next(node for node in self.nodes if node.running)
+        assert node.monitor_url is not None
+        async with httpx.AsyncClient(timeout=2.0) as client:
+            jsz = (await client.get(node.monitor_url + "/jsz")).json()
+        return self.node(jsz["meta_cluster"]["leader"])
+
+    async def move_stream_leader(self, stream: str, to: ClusterNode) -> None:
+        """Ask the stream's leader to step down in favour of `to`, until `to` leads."""
+        nc = await nats.connect(servers=[node.url for node in self.nodes if node.running])
+        try:
+            request = json.dumps({"placement": {"preferred": to.name}}).encode()
+
+            async def moved() -> bool:
+                if (await self.stream_leader(stream)) is to:
+                    return True
+                with contextlib.suppress(Exception):
+                    await nc.request(f"$JS.API.STREAM.LEADER.STEPDOWN.{stream}", request, 2.0)
+                return False
+
+            await eventually(moved, timeout=20, interval=0.5)
+        finally:
+            await nc.close()
 
     async def push_consumers(self, stream: str) -> list[tuple[ClusterNode, ClusterNode]]:
         """Per push consumer of `stream`: (node hosting it, node its subscriber is on)."""
@@ -177,6 +211,72 @@ class NatsCluster:
             if reader is not None:  # else a consumer left behind by a gone connection
                 placements.append((self.node(consumer.cluster.leader), self.node(reader)))
         return placements
+
+
+class PartitionableCluster(NatsCluster):
+    """A cluster whose nodes reach each other only through proxies that a test can cut.
+
+    Node i dials node j through the proxy `links[i, j]`; a pair is cut when both of its
+    links are. Each node advertises a cluster address where nothing listens, so the
+    addresses the nodes learn of each other by gossip lead nowhere and a cut cannot be
+    bypassed. Cuts reset (connections closed, new ones refused) or are silent (bytes
+    stop); `heal()` ends every cut. Make it with `await PartitionableCluster.create(root)`
+    and stop it with `await cluster.close()`.
+    """
+
+    def __init__(
+        self, root: Path, links: dict[tuple[int, int], TcpProxy], ports: list[int], size: int
+    ) -> None:
+        nowhere = free_port()  # bound by nothing: gossiped routes fail to connect
+        self.links = links
+        self.nodes = [
+            ClusterNode(
+                root / f"n{i}",
+                f"n{i}",
+                ports[i],
+                [links[i, j].port for j in range(size) if j != i],
+                advertise=False,
+                cluster_advertise=nowhere,
+            )
+            for i in range(size)
+        ]
+
+    @classmethod
+    async def create(cls, root: Path, size: int = 3) -> PartitionableCluster:
+        ports = [free_port() for _ in range(size)]
+        links = {
+            (i, j): TcpProxy(ports[j], f"n{i}->n{j}")
+            for i in range(size)
+            for j in range(size)
+            if i != j
+        }
+        for proxy in links.values():
+            await proxy.start()
+        return cls(root, links, ports, size)
+
+    def _index(self, node: ClusterNode) -> int:
+        return self.nodes.index(node)
+
+    def cut(self, a: ClusterNode, b: ClusterNode, *, silent: bool = False) -> None:
+        """Cut the pair a–b both ways; each still reaches the others."""
+        i, j = self._index(a), self._index(b)
+        self.links[i, j].cut(silent=silent)
+        self.links[j, i].cut(silent=silent)
+
+    def isolate(self, node: ClusterNode, *, silent: bool = False) -> None:
+        """Cut `node` off from every other node (its clients still reach it)."""
+        for other in self.nodes:
+            if other is not node:
+                self.cut(node, other, silent=silent)
+
+    def heal(self) -> None:
+        for proxy in self.links.values():
+            proxy.heal()
+
+    async def close(self) -> None:
+        self.kill()
+        for proxy in self.links.values():
+            await proxy.stop()
 
 
 def taskhub_command() -> list[str]:

@@ -26,8 +26,8 @@ from nats.aio.client import Client as NatsClient
 from bridge import TaskBridge
 from bridge.wire import kv_stream
 from tests.chaos.history import History
-from tests.chaos.tcp_proxy import TcpProxy
 from tests.cluster import HubProcess, NatsCluster
+from tests.tcp_proxy import TcpProxy
 
 SILENCE_S = 10.0  # a stream silent this long (keep-alives come every 1 s) counts as broken
 HUB_ARGS = ("--replicas", "3", "--keepalive", "1", "--log-level", "info")

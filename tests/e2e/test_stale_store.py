@@ -143,3 +143,30 @@ async def test_a_truly_unknown_task_is_still_not_found_at_once(
     assert answer["error"]["code"] == -32602, answer
     assert loop.time() - started < 1.0  # confirmed by the first, current answer
     assert sum(harness.hub.metrics.stale_reads.values.values()) == 0
+
+
+async def test_a_stream_answering_from_behind_is_not_taken_for_a_reset(
+    proxied: tuple[NatsProxy, HubHarness, TaskBridge], bucket: str
+) -> None:
+    """Issue 41, D: a replica behind the hub (same stream, lower last sequence) answers a
+    re-watch. Before, the hub took it for a bucket made anew: it emptied its cache and
+    its open listen streams stopped delivering those tasks. Now it asks again."""
+    proxy, harness, bridge = proxied
+    task = await bridge.create(owner="anonymous", status_message="before")
+    await eventually(lambda: harness.hub.cache.get(task.task_id) is not None)
+    async with harness.listen([task.task_id]) as stream:
+        await stream.next()  # the ack, with the task
+        proxy.rewrite_replies(b"$JS.API.STREAM.", _only_kv(bucket, old_store(task.revision - 1)))
+        stale = harness.hub.metrics.stale_reads
+        before = sum(stale.values.values())
+        harness.hub.source._restart_watch()  # as after a reconnect
+        await eventually(lambda: sum(stale.values.values()) >= before + 2)
+        assert harness.hub.cache.get(task.task_id) is not None
+        assert not harness.hub.source.ready
+
+        proxy.rewrite_replies(b"$JS.API.STREAM.", None)  # the replica caught up
+        await eventually(lambda: harness.hub.source.ready)
+        await bridge.working(task.task_id, status_message="after")
+        async with asyncio.timeout(10):
+            while "after" not in json.dumps(await stream.next()):
+                pass

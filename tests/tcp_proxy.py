@@ -3,8 +3,11 @@
 The chaos run puts one in front of each hub for the SSE clients (client → proxy → hub) and
 one per (hub, NATS node) pair for each hub's own NATS connection (hub → proxy → node), so
 a fault can cut or freeze a client's streams or a hub's NATS link without touching the
-processes. It does not parse anything: `reset()` closes both sockets of every open pair,
-`stall(s)` stops moving bytes in both directions for `s` seconds (data waits in buffers).
+processes; a partitionable cluster (tests/cluster.py) routes its nodes to each other
+through them. It does not parse anything: `reset()` closes both sockets of every open
+pair, `stall(s)` stops moving bytes in both directions for `s` seconds (data waits in
+buffers). `cut()` lasts until `heal()`: reset, every connection is closed and every new
+one refused; silent, bytes stop moving both ways and new connections wait.
 """
 
 from __future__ import annotations
@@ -22,6 +25,8 @@ class TcpProxy:
         self.port = 0
         self.resets = 0
         self._stalled_until = 0.0
+        self._cut: str | None = None  # "reset" or "silent" until heal()
+        self._healed = asyncio.Event()
         self._pairs: set[tuple[asyncio.StreamWriter, asyncio.StreamWriter]] = set()
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -47,6 +52,21 @@ class TcpProxy:
     def stall(self, seconds: float) -> None:
         """Stop forwarding bytes for `seconds` (new connections are accepted but wait)."""
         self._stalled_until = max(self._stalled_until, time.monotonic() + seconds)
+
+    def cut(self, *, silent: bool = False) -> None:
+        """Cut the link until `heal()`: closed and refused, or (silent) no byte moves."""
+        self._cut = "silent" if silent else "reset"
+        self._healed.clear()
+        if not silent:
+            self.reset()
+
+    def heal(self) -> None:
+        self._cut = None
+        self._healed.set()
+
+    @property
+    def is_cut(self) -> bool:
+        return self._cut is not None
 
     @property
     def open_connections(self) -> int:
@@ -78,6 +98,9 @@ class TcpProxy:
                 self._tasks.discard(task)
 
     async def _carry(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
+        if self._cut == "reset":
+            client_w.transport.abort()
+            return
         try:
             server_r, server_w = await asyncio.wait_for(
                 asyncio.open_connection("127.0.0.1", self.upstream_port), 3.0
@@ -101,8 +124,11 @@ class TcpProxy:
                     writer.close()
 
     async def _unstalled(self) -> None:
-        """Return once no stall is in force (polled: a stall may be extended)."""
+        """Return once no stall or silent cut is in force (polled: a stall may be extended)."""
         while True:
+            if self._cut == "silent":
+                await self._healed.wait()
+                continue
             wait = self._stalled_until - time.monotonic()
             if wait <= 0:
                 return
