@@ -8,6 +8,8 @@ reaches `/mcp`, and a modern request here is refused. What it serves:
 - POST `initialize` (no session yet): opens a session (hub/legacy/sessions.py) and
   answers its id in `Mcp-Session-Id`; every later request must carry it (400 without,
   404 for an unknown, ended or foreign one: initialize again);
+- errors of methods as the TypeScript SDK 1.x server sends them (hub/legacy/errors.py):
+  at 200, in the framing of the method's answers;
 - POST requests: `ping`, `tasks/get`, `tasks/list`, `tasks/cancel`, `tasks/result`
   (hub/legacy/methods.py, results.py), and with an upstream `tools/*`, `prompts/*`,
   `resources/*`, `completion/complete`, `logging/setLevel`, translated;
@@ -35,9 +37,9 @@ from hub.endpoint import BodyError, authenticate, caller_of, read_body, upstream
 from hub.forwarding import TrustedProxies
 from hub.handlers import find_task
 from hub.headers import encode_header_value, encode_headers, header_map
-from hub.legacy import kept, methods
+from hub.legacy import errors, kept, methods
 from hub.legacy.notifications import status_stream
-from hub.legacy.results import parse_input_request_id, stream_result
+from hub.legacy.results import parse_input_request_id, stream_error, stream_result
 from hub.legacy.sessions import Session, Sessions, SessionUnavailable
 from hub.legacy.vocabulary import (
     LEGACY_VERSION,
@@ -109,7 +111,8 @@ class LegacyEndpoint:
                 return
             await _respond(send, 405, b"", [(b"allow", b"POST, GET, DELETE"), *cors])
             return
-        request_id: Any = None
+        request_id: Any = None  # set once the message is read, if it is a request
+        rpc_method: Any = None
         label = "-"
         outcome = "ok"
         try:
@@ -135,8 +138,10 @@ class LegacyEndpoint:
                 scope, receive, self.config.max_body_bytes, self.config.body_timeout
             )
             message = _message(body)
-            request_id = message.get("id")
-            label = _label(message.get("method"))
+            rpc_method = message.get("method")
+            if rpc_method is not None:
+                request_id = message.get("id")  # None for a notification
+            label = _label(rpc_method)
             caller = caller_of(self.hub, identity, scope, self.trusted)
             await self._post(message, headers, identity, caller, receive, send, cors)
         except Refusal as exc:
@@ -151,10 +156,15 @@ class LegacyEndpoint:
             await _respond(send, exc.status, body, [JSON, *close, *cors])
         except jsonrpc.RpcError as err:
             outcome = str(err.code)
-            error = jsonrpc.encode_error(request_id, err)
-            await _respond(
-                send, err.http_status, error, [JSON, *encode_headers(err.headers), *cors]
-            )
+            if request_id is None or errors.keeps_status(err):
+                # Credentials, back-off, or no request to answer (a response we took).
+                error = jsonrpc.encode_error(request_id, err)
+                extra = [JSON, *encode_headers(err.headers), *cors]
+                await _respond(send, err.http_status, error, extra)
+            elif rpc_method == "tasks/result":  # answered on an event stream, its errors too
+                await stream_error(send, request_id, err, cors)
+            else:
+                await _respond(send, 200, errors.method_error(request_id, err), [JSON, *cors])
         except SessionUnavailable as exc:
             outcome = "503"
             error = jsonrpc.encode_error(request_id, jsonrpc.internal_error(str(exc)))
@@ -222,13 +232,9 @@ class LegacyEndpoint:
         params = message.get("params") or {}
         if not isinstance(params, dict):
             raise jsonrpc.invalid_params("params must be an object")
-        if is_modern_request(params):
-            raise Refusal(
-                400,
-                jsonrpc.invalid_request(
-                    "This is the 2025-11-25 endpoint; send 2026-07-28 requests to "
-                    + self.modern_path
-                ),
+        if method is not None and "id" in message and is_modern_request(params):
+            raise jsonrpc.invalid_request(
+                "This is the 2025-11-25 endpoint; send 2026-07-28 requests to " + self.modern_path
             )
         if method == "initialize" and "id" in message:
             await self._initialize(message["id"], params, identity, send, cors)

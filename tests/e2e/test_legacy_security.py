@@ -79,7 +79,7 @@ async def test_tasks_are_the_owners_only(secured: Secured) -> None:
         answer = await post(secured, call("tasks/get", {"taskId": task_id}), "alice", session)
         assert answer.json()["error"] == {
             "code": -32602,
-            "message": "Failed to retrieve task: Task not found",
+            "message": "MCP error -32602: Failed to retrieve task: Task not found",
         }
         refused = await post(secured, call("tasks/cancel", {"taskId": task_id}), "alice", session)
         assert refused.json()["error"]["code"] == -32602
