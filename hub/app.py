@@ -71,11 +71,18 @@ class HubApp:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
-            if self.hosts is not None and not self.hosts.allows(_host(scope)):
-                self.hub.metrics.requests.inc(1, "-", "421")
-                await respond(scope, send, 421, MISDIRECTED.body, MISDIRECTED.headers)
-                return
             endpoint = self.endpoints.get(scope["path"])
+            host = _host(scope)
+            if self.hosts is not None and not self.hosts.allows(host):
+                # The legacy door refuses it as the SDK server it stands in for does.
+                refused = (
+                    endpoint.misdirected(host)
+                    if isinstance(endpoint, LegacyEndpoint)
+                    else MISDIRECTED
+                )
+                self.hub.metrics.requests.inc(1, "-", refused.outcome)
+                await respond(scope, send, refused.status, refused.body, refused.headers)
+                return
             if endpoint is not None:
                 await endpoint(scope, receive, send)  # every method: non-POST gets 405 there
                 return
@@ -88,12 +95,14 @@ class HubApp:
         headers by lower-case name, answered without an ASGI task when it needs no I/O
         (a listen stream then runs on the connection by itself), or a forward the
         connection runs itself; None otherwise."""
+        endpoint = self.endpoints.get(path)
+        if isinstance(endpoint, LegacyEndpoint):
+            return None  # the legacy door always takes the ASGI path, its Host check too
         if self.hosts is not None and not self.hosts.allows(headers.get("host")):
             self.hub.metrics.requests.inc(1, "-", "421")
             return MISDIRECTED
-        endpoint = self.endpoints.get(path)
-        if endpoint is None or isinstance(endpoint, LegacyEndpoint):
-            return None  # the legacy door always takes the ASGI path
+        if endpoint is None:
+            return None
         return endpoint.answer_now(headers, body, scope)
 
 

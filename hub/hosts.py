@@ -6,8 +6,9 @@ the browser send the hub same-origin requests, with no `Origin` on a GET, and re
 answers. What gives such a request away is its `Host`: the attacker's name. So an open
 hub answers only a `Host` that is an IP address (an address is never rebound),
 `localhost`, the host of `--public-url`, the address it binds, or a name given with
-`--allowed-host`; anything else gets 421, on every path. A hub with authentication
-needs no such rule: a rebound page carries no credentials for it.
+`--allowed-host`; anything else gets 421, on every path but the legacy door's, which
+answers 403 as the SDK server it stands in for does (docs/legacy.md#errors). A hub with
+authentication needs no such rule: a rebound page carries no credentials for it.
 """
 
 from __future__ import annotations

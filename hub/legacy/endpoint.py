@@ -8,6 +8,8 @@ reaches `/mcp`, and a modern request here is refused. What it serves:
 - POST `initialize` (no session yet): opens a session (hub/legacy/sessions.py) and
   answers its id in `Mcp-Session-Id`; every later request must carry it (400 without,
   404 for an unknown, ended or foreign one: initialize again);
+- errors as the TypeScript SDK 1.x server sends them (hub/legacy/errors.py): a method's
+  at 200, in the answer's own framing; the transport's refusals with their status;
 - POST requests: `ping`, `tasks/get`, `tasks/list`, `tasks/cancel`, `tasks/result`
   (hub/legacy/methods.py, results.py), and with an upstream `tools/*`, `prompts/*`,
   `resources/*`, `completion/complete`, `logging/setLevel`, translated;
@@ -31,13 +33,14 @@ from hub import jsonrpc
 from hub.auth import AuthError, Identity
 from hub.cors import is_preflight, preflight_headers
 from hub.cors import response_headers as cors_response_headers
-from hub.endpoint import BodyError, authenticate, caller_of, read_body, upstreams_task
+from hub.endpoint import BodyError, Reply, authenticate, caller_of, read_body, upstreams_task
 from hub.forwarding import TrustedProxies
 from hub.handlers import find_task
 from hub.headers import encode_header_value, encode_headers, header_map
-from hub.legacy import kept, methods
+from hub.legacy import errors, kept, methods
+from hub.legacy.errors import Refusal
 from hub.legacy.notifications import status_stream
-from hub.legacy.results import parse_input_request_id, stream_result
+from hub.legacy.results import parse_input_request_id, stream_error, stream_result
 from hub.legacy.sessions import Session, Sessions, SessionUnavailable
 from hub.legacy.vocabulary import (
     LEGACY_VERSION,
@@ -72,18 +75,6 @@ FORWARDED: dict[str, str | None] = {
 }
 
 
-class Refusal(Exception):
-    """A request refused before any method ran, with its HTTP status."""
-
-    def __init__(
-        self, status: int, error: jsonrpc.RpcError, headers: RawHeaders | None = None
-    ) -> None:
-        super().__init__(error.message)
-        self.status = status
-        self.error = error
-        self.headers = headers or []
-
-
 class LegacyEndpoint:
     def __init__(
         self, hub: Hub, sessions: Sessions, upstream: Upstream | None, modern_path: str
@@ -107,22 +98,18 @@ class LegacyEndpoint:
                 encoded = encode_headers(allowed)
                 await _respond(send, 204 if allowed else 403, b"", encoded)
                 return
-            await _respond(send, 405, b"", [(b"allow", b"POST, GET, DELETE"), *cors])
+            refusal = errors.method_not_allowed()
+            await _respond(send, 405, refusal.body(), [JSON, *refusal.headers, *cors])
             return
-        request_id: Any = None
+        request_id: Any = None  # set once the message is read, if it is a request
+        rpc_method: Any = None
         label = "-"
         outcome = "ok"
         try:
             identity = self._admit(headers, origin, method)
             version = headers.get("mcp-protocol-version")
             if version is not None and version.strip() != LEGACY_VERSION:
-                raise Refusal(
-                    400,
-                    jsonrpc.invalid_request(
-                        f"MCP-Protocol-Version {version.strip()!r}: this door speaks "
-                        f"{LEGACY_VERSION}; 2026-07-28 is served at {self.modern_path}"
-                    ),
-                )
+                raise errors.unsupported_version(version.strip(), self.modern_path)
             if method == "DELETE":
                 session = await self._session(headers, identity)
                 await self.sessions.end(session)
@@ -131,34 +118,40 @@ class LegacyEndpoint:
             if method == "GET":
                 await self._get(headers, identity, receive, send, cors)
                 return
-            body = await read_body(
-                scope, receive, self.config.max_body_bytes, self.config.body_timeout
-            )
-            message = _message(body)
-            request_id = message.get("id")
-            label = _label(message.get("method"))
+            errors.check_post_head(headers)
+            try:
+                body = await read_body(
+                    scope, receive, self.config.max_body_bytes, self.config.body_timeout
+                )
+            except BodyError as exc:
+                if exc.status == 413:
+                    raise errors.too_large(self.config.max_body_bytes) from None
+                raise errors.too_slow(str(exc)) from None
+            message = errors.check_message(body)
+            rpc_method = message.get("method")
+            if rpc_method is not None:
+                request_id = message.get("id")  # None for a notification
+            label = _label(rpc_method)
             caller = caller_of(self.hub, identity, scope, self.trusted)
             await self._post(message, headers, identity, caller, receive, send, cors)
-        except Refusal as exc:
-            outcome = str(exc.status)
-            error = jsonrpc.encode_error(request_id, exc.error)
-            await _respond(send, exc.status, error, [JSON, *exc.headers, *cors])
-        except BodyError as exc:
-            outcome = str(exc.status)
-            refusal = jsonrpc.RpcError(jsonrpc.INVALID_REQUEST, str(exc))
-            close = [(b"connection", b"close")] if exc.status == 408 else []
-            body = jsonrpc.encode_error(None, refusal)
-            await _respond(send, exc.status, body, [JSON, *close, *cors])
+        except Refusal as refusal:
+            outcome = str(refusal.status)
+            await _respond(send, refusal.status, refusal.body(), [JSON, *refusal.headers, *cors])
         except jsonrpc.RpcError as err:
             outcome = str(err.code)
-            error = jsonrpc.encode_error(request_id, err)
-            await _respond(
-                send, err.http_status, error, [JSON, *encode_headers(err.headers), *cors]
-            )
+            if request_id is None or errors.keeps_status(err):
+                # Credentials, back-off, or no request to answer (a response we took).
+                error = jsonrpc.encode_error(request_id, err)
+                extra = [JSON, *encode_headers(err.headers), *cors]
+                await _respond(send, err.http_status, error, extra)
+            elif rpc_method == "tasks/result":  # answered on an event stream, its errors too
+                await stream_error(send, request_id, err, cors)
+            else:
+                await _respond(send, 200, errors.method_error(request_id, err), [JSON, *cors])
         except SessionUnavailable as exc:
             outcome = "503"
-            error = jsonrpc.encode_error(request_id, jsonrpc.internal_error(str(exc)))
-            await _respond(send, 503, error, [JSON, *cors])
+            unavailable = errors.sessions_unavailable(str(exc))
+            await _respond(send, 503, unavailable.body(), [JSON, *cors])
         finally:
             self.hub.metrics.requests.inc(1, label, outcome)
 
@@ -166,23 +159,27 @@ class LegacyEndpoint:
 
     def _admit(self, headers: Mapping[str, str], origin: str | None, method: str) -> Identity:
         if origin is not None and not self.config.origin_allowed(origin):
-            raise Refusal(403, jsonrpc.RpcError(jsonrpc.INVALID_REQUEST, "Origin not allowed"))
+            raise errors.invalid_origin(origin)
         try:
             return authenticate(self.hub, method, headers, self.cors_origins)
         except AuthError as exc:
+            # The SDK's transport has no authentication: the hub's own 401, as on /mcp.
             message = "Unauthorized" + (f": {exc.description}" if exc.description else "")
             challenge = [(b"www-authenticate", exc.www_authenticate().encode())]
-            raise Refusal(
-                exc.status, jsonrpc.RpcError(jsonrpc.UNAUTHORIZED, message), challenge
-            ) from None
+            raise Refusal(exc.status, jsonrpc.UNAUTHORIZED, message, challenge) from None
+
+    def misdirected(self, host: str | None) -> Reply:
+        """The answer to a `Host` an open hub does not serve (hub/app.py): the SDK's."""
+        refusal = errors.invalid_host(host)
+        return Reply(refusal.status, refusal.body(), [JSON], str(refusal.status))
 
     async def _session(self, headers: Mapping[str, str], identity: Identity) -> Session:
         session_id = headers.get(SESSION_HEADER)
         if session_id is None:
-            raise Refusal(400, jsonrpc.invalid_request("Missing Mcp-Session-Id: initialize first"))
+            raise errors.session_required()
         session = await self.sessions.find(session_id.strip(), identity.principal)
         if session is None:
-            raise Refusal(404, jsonrpc.invalid_request("Session not found: initialize again"))
+            raise errors.session_not_found()
         return session
 
     # -- GET -----------------------------------------------------------------------------
@@ -195,14 +192,13 @@ class LegacyEndpoint:
         send: Send,
         cors: RawHeaders,
     ) -> None:
-        if "text/event-stream" not in headers.get("accept", ""):
-            raise Refusal(406, jsonrpc.invalid_request("GET needs Accept: text/event-stream"))
+        errors.check_get_accept(headers)
         session = await self._session(headers, identity)
         raw = headers.get("last-event-id")
         last_event_id = None
         if raw is not None:
             if not raw.strip().isdigit():
-                raise Refusal(400, jsonrpc.invalid_request("Last-Event-ID is not one of ours"))
+                raise errors.invalid_event_id()
             last_event_id = int(raw)
         await status_stream(self.hub, session, last_event_id, receive, send, cors)
 
@@ -219,24 +215,16 @@ class LegacyEndpoint:
         cors: RawHeaders,
     ) -> None:
         method = message.get("method")
-        params = message.get("params") or {}
-        if not isinstance(params, dict):
-            raise jsonrpc.invalid_params("params must be an object")
-        if is_modern_request(params):
-            raise Refusal(
-                400,
-                jsonrpc.invalid_request(
-                    "This is the 2025-11-25 endpoint; send 2026-07-28 requests to "
-                    + self.modern_path
-                ),
+        params: dict[str, Any] = message.get("params", {})  # an object (errors.check_message)
+        if method is not None and "id" in message and is_modern_request(params):
+            raise jsonrpc.invalid_request(
+                "This is the 2025-11-25 endpoint; send 2026-07-28 requests to " + self.modern_path
             )
         if method == "initialize" and "id" in message:
             await self._initialize(message["id"], params, identity, send, cors)
             return
         session = await self._session(headers, identity)
         if method is None:  # a response: the answer to one of our input requests
-            if "id" not in message or ("result" not in message and "error" not in message):
-                raise Refusal(400, jsonrpc.invalid_request("Invalid request: no method"))
             await self._input_answer(message, session, headers, caller)
             await _respond(send, 202, b"", cors)
             return
@@ -445,16 +433,6 @@ def _label(method: Any) -> str:
     if method is None:
         return "legacy response"
     return f"legacy {method}" if method in _LABELS else "legacy -"
-
-
-def _message(body: bytes) -> dict[str, Any]:
-    try:
-        message = msgspec.json.decode(body)
-    except msgspec.DecodeError:
-        raise Refusal(400, jsonrpc.parse_error()) from None
-    if not isinstance(message, dict) or message.get("jsonrpc") != "2.0":
-        raise Refusal(400, jsonrpc.invalid_request("Expected one JSON-RPC 2.0 message"))
-    return message
 
 
 async def _respond(send: Send, status: int, body: bytes, headers: RawHeaders) -> None:

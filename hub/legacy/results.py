@@ -5,7 +5,8 @@ outstanding input request is sent on it once as a server→client request (elici
 sampling) whose id names the task and the input key (`input_request_id`); the client's
 response, POSTed to the session, becomes a `tasks/update` (hub/legacy/endpoint.py). When
 the task is terminal, the stream's last event is the response: the underlying result
-exactly, with the related-task `_meta`, or the same JSON-RPC error.
+exactly, with the related-task `_meta`, or the same JSON-RPC error (its message in the
+SDK's `McpError` form, as every error of the door's methods: hub/legacy/errors.py).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import msgspec
 from starlette.types import Receive, Send
 
 from hub import jsonrpc
+from hub.legacy.errors import error_object, method_error
 from hub.legacy.vocabulary import RELATED_TASK_KEY, task_outcome
 from hub.runtime import Hub
 
@@ -57,14 +59,17 @@ async def stream_result(
             try:
                 snapshot = hub.current(task_id)  # the snapshot's, or an upstream's own
                 if snapshot is None:
-                    gone_error = jsonrpc.encode_error(request_id, jsonrpc.task_not_found())
+                    gone_error = method_error(request_id, jsonrpc.task_not_found())
                     await _body(send, b"event: message\ndata: " + gone_error + b"\n\n")
                     return
                 task = msgspec.json.decode(snapshot.body)
                 if snapshot.terminal:
                     result, error = task_outcome(task)
                     final: dict[str, Any] = {"jsonrpc": "2.0", "id": request_id}
-                    final.update({"result": result} if result is not None else {"error": error})
+                    if result is not None:
+                        final["result"] = result
+                    else:
+                        final["error"] = error_object(error or {})
                     await _body(send, _event(final))
                     return
                 for key, asked_for in (task.get("inputRequests") or {}).items():
@@ -78,7 +83,7 @@ async def stream_result(
                 )
                 if hub.closing:  # the client asks again, at another replica
                     leaving = jsonrpc.internal_error("hub shutting down; retry tasks/result")
-                    encoded = jsonrpc.encode_error(request_id, leaving)
+                    encoded = method_error(request_id, leaving)
                     await _body(send, b"event: message\ndata: " + encoded + b"\n\n")
                     return
                 now = loop.time()
@@ -108,6 +113,16 @@ def _input_request(task_id: str, key: str, asked_for: dict[str, Any]) -> dict[st
         "method": asked_for.get("method"),
         "params": params,
     }
+
+
+async def stream_error(
+    send: Send, request_id: Any, err: jsonrpc.RpcError, headers: list[Any]
+) -> None:
+    """A `tasks/result` refused before its stream began: the error, as the stream's one event."""
+    await start_event_stream(send, headers)
+    event = b"event: message\ndata: " + method_error(request_id, err) + b"\n\n"
+    with contextlib.suppress(OSError):
+        await send({"type": "http.response.body", "body": event})
 
 
 async def _body(send: Send, data: bytes) -> None:

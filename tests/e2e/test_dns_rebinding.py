@@ -1,7 +1,8 @@
 """An open hub answers only the `Host` names it is known by (hub/hosts.py): DNS rebinding.
 
 A page at evil.example, its name rebound to 127.0.0.1, sends the hub same-origin requests
-with its own name as `Host` and no `Origin`; every path answers it 421.
+with its own name as `Host` and no `Origin`; every path answers it 421 (the legacy door
+403: tests/e2e/test_legacy_errors.py).
 """
 
 from __future__ import annotations

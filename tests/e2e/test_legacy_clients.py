@@ -9,6 +9,10 @@ The hub is the front door of the fleet's alpha server; each client is given
   `tasks/list` showing only this caller's tasks;
 - the Inspector CLI `mcpdo` 2.12.0 in its default era, legacy: `tools/list`, a task
   `tools/call` (`--task`), `tasks/get`, `tasks/result`, `tasks/list`, `tasks/cancel`.
+
+Both see the door's errors with their JSON-RPC codes, as from an SDK 1.x server: the SDK
+raises an `McpError` carrying the code (tests/e2e/ts/legacy_errors.mjs), and `mcpdo`, which
+prints an error's message only, prints `MCP error <code>: …`.
 """
 
 from __future__ import annotations
@@ -136,3 +140,59 @@ async def test_mcpdo_in_its_default_legacy_era(
             await calling
     finally:
         calling.cancel()
+
+
+async def run_script(node: str, script: str, url: str) -> dict[str, dict[str, Any]]:
+    """A script of tests/e2e/ts run against `url`: its output lines by kind."""
+    proc = await asyncio.create_subprocess_exec(
+        node,
+        str(TS_DIR / script),
+        url,
+        cwd=TS_DIR,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    async with asyncio.timeout(60):
+        out, err = await proc.communicate()
+    assert proc.returncode == 0, err.decode()[-3000:]
+    return {line["kind"]: line for line in map(json.loads, out.decode().splitlines())}
+
+
+async def test_the_typescript_sdk_1x_gets_each_error_as_an_mcp_error_with_its_code(
+    node: str, legacy_url: tuple[str, HubHarness]
+) -> None:
+    url, _ = legacy_url
+    by_kind = await run_script(node, "legacy_errors.mjs", url)
+    assert by_kind["completed"] and by_kind["done"]
+    expected = {
+        "cancel completed": (-32602, "Cannot cancel task: already in terminal status 'completed'"),
+        "get unknown": (-32602, "Failed to retrieve task: Task not found"),
+        "result unknown": (-32602, "Failed to retrieve task: Task not found"),
+        "unknown method": (-32601, "Method not found: hub/nothing"),
+    }
+    for kind, (code, message) in expected.items():
+        error = by_kind[kind]
+        assert error.get("mcpError") is True, error  # not an HTTP error without the code
+        assert error["code"] == code and message in error["message"], error
+
+
+async def test_mcpdo_prints_the_json_rpc_code_of_an_error(
+    legacy_url: tuple[str, HubHarness], mcpdo: Mcpdo
+) -> None:
+    url, _ = legacy_url
+    await mcpdo.run("connect", "@legacy", url)
+    arguments = json.dumps({"steps": 1, "step_seconds": 0})
+    result = await mcpdo.run(
+        "@legacy", "tools/call", "slow_report", "--tool-args-json", arguments, "--task"
+    )
+    task_id = result["_meta"]["io.modelcontextprotocol/related-task"]["taskId"]
+    with pytest.raises(McpdoError) as cancelled:
+        await mcpdo.run("@legacy", "tasks/cancel", task_id)
+    assert cancelled.value.payload["error"]["message"] == (
+        "MCP error -32602: Cannot cancel task: already in terminal status 'completed'"
+    )
+    with pytest.raises(McpdoError) as unknown:
+        await mcpdo.run("@legacy", "tasks/get", new_task_id())
+    assert unknown.value.payload["error"]["message"] == (
+        "MCP error -32602: Failed to retrieve task: Task not found"
+    )

@@ -236,7 +236,8 @@ async def test_bad_input_gets_clear_errors(client: LegacyClient) -> None:
         "tasks/get",
         {"taskId": "t", "_meta": {"io.modelcontextprotocol/protocolVersion": "2026-07-28"}},
     )
-    assert modern.status_code == 400 and "/mcp" in modern.json()["error"]["message"]
+    assert modern.status_code == 200 and modern.json()["error"]["code"] == -32600
+    assert "/mcp" in modern.json()["error"]["message"]
     unknown = (await client.post("tasks/get", {"taskId": "nope"})).json()
     assert unknown["error"]["code"] == -32602
     missing = (await client.post("no/such/method")).json()

@@ -66,7 +66,12 @@ async def test_a_session_answers_only_its_principal(secured: Secured) -> None:
     stolen = await post(secured, call("tasks/list"), "bob", session)
     unknown = await post(secured, call("tasks/list"), "bob", "z" * 43)
     assert stolen.status_code == unknown.status_code == 404
-    assert stolen.json() == unknown.json()
+    assert stolen.content == unknown.content  # nothing tells them apart
+    assert stolen.json() == {
+        "jsonrpc": "2.0",
+        "error": {"code": -32001, "message": "Session not found"},
+        "id": None,
+    }
 
 
 async def test_tasks_are_the_owners_only(secured: Secured) -> None:
@@ -79,7 +84,7 @@ async def test_tasks_are_the_owners_only(secured: Secured) -> None:
         answer = await post(secured, call("tasks/get", {"taskId": task_id}), "alice", session)
         assert answer.json()["error"] == {
             "code": -32602,
-            "message": "Failed to retrieve task: Task not found",
+            "message": "MCP error -32602: Failed to retrieve task: Task not found",
         }
         refused = await post(secured, call("tasks/cancel", {"taskId": task_id}), "alice", session)
         assert refused.json()["error"]["code"] == -32602
