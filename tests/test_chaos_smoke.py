@@ -1,8 +1,8 @@
 """A short seeded chaos run (tests/chaos): real 3-node cluster, two hubs, faults, checks.
 
-Seed 7's plan pauses a NATS node, resets a hub's NATS connections and kills a hub; every
-invariant must hold. The full-size run and the soak are command lines
-(tests/chaos/README.md).
+Seed 7's plan pauses a NATS node, cuts a follower off from the other nodes (a silent
+partition) and kills a node; every invariant must hold. The full-size run and the soak
+are command lines (tests/chaos/README.md).
 """
 
 from __future__ import annotations
@@ -45,4 +45,5 @@ def test_short_chaos_run_keeps_every_invariant(tmp_path: Path) -> None:
     assert report["ok"], summary
     assert all(c["violations"] == 0 for c in report["invariants"].values()), summary
     assert any(f["kind"] in plan.NATS_KINDS for f in report["faults"]), summary
+    assert any(f["kind"] in plan.PARTITION_KINDS for f in report["faults"]), summary
     assert report["writes"]["tasks"] + report["writes"]["unknown_creates"] == 120, summary

@@ -1,6 +1,7 @@
 """The processes of a chaos run and their teardown.
 
-A 3-node JetStream cluster (`tests.cluster.NatsCluster`), two `taskhub serve` hubs
+A 3-node JetStream cluster whose nodes reach each other through proxies a fault can cut
+(`tests.cluster.PartitionableCluster`), two `taskhub serve` hubs
 (`tests.cluster.HubProcess`) each reaching every node through its own `TcpProxy`
 (hub → proxy → node), one `TcpProxy` in front of each hub for the SSE clients
 (client → proxy → hub), two bridges ("srv-0", "srv-1") connected straight to the cluster,
@@ -26,7 +27,7 @@ from nats.aio.client import Client as NatsClient
 from bridge import TaskBridge
 from bridge.wire import kv_stream
 from tests.chaos.history import History
-from tests.cluster import HubProcess, NatsCluster
+from tests.cluster import ClusterNode, HubProcess, PartitionableCluster
 from tests.tcp_proxy import TcpProxy
 
 SILENCE_S = 10.0  # a stream silent this long (keep-alives come every 1 s) counts as broken
@@ -38,7 +39,7 @@ class Env:
     root: Path
     bucket: str
     history: History
-    cluster: NatsCluster
+    cluster: PartitionableCluster
     hubs: list[HubProcess] = field(default_factory=list)
     sse_proxies: list[TcpProxy] = field(default_factory=list)
     nats_proxies: list[list[TcpProxy]] = field(default_factory=list)
@@ -76,6 +77,11 @@ class Env:
             return await self.admin.jetstream(timeout=2.0).stream_info(self.stream)
         except Exception:
             return None
+
+    async def stream_leader(self) -> ClusterNode | None:
+        info = await self._stream_info()
+        leader = None if info is None or info.cluster is None else info.cluster.leader
+        return None if leader is None else self.cluster.node(leader)
 
     async def consumer_count(self) -> int | None:
         info = await self._stream_info()
@@ -173,3 +179,6 @@ class Env:
         for node in self.cluster.nodes:
             with contextlib.suppress(Exception):
                 node.stop(timeout=10.0)
+        for link in self.cluster.links.values():
+            with contextlib.suppress(Exception):
+                await link.stop()

@@ -71,6 +71,19 @@ async def inject(env: Env, fault: plan.Fault) -> FaultRecord:
     elif kind == plan.NATS_LINK_RESET:
         aborted = sum(p.reset() for p in env.nats_proxies[fault.target])
         record.note = f"{aborted} NATS connections aborted"
+    elif kind in plan.PARTITION_KINDS:
+        record.note = await _partition(env, fault)
+        await asyncio.sleep(seconds)
+        env.cluster.heal()
+    elif kind == plan.HUB_CUT:
+        for proxy in env.nats_proxies[fault.target]:
+            proxy.cut()
+        record.note = "the hub cut off from every node; its clients still reach it"
+        try:
+            await asyncio.sleep(seconds)
+        finally:
+            for proxy in env.nats_proxies[fault.target]:
+                proxy.heal()
     elif kind == plan.NATS_LINK_STALL:
         for proxy in env.nats_proxies[fault.target]:
             proxy.stall(seconds)
@@ -80,6 +93,25 @@ async def inject(env: Env, fault: plan.Fault) -> FaultRecord:
         raise ValueError(f"unknown fault kind {kind}")
     record.ended = time.monotonic()
     return record
+
+
+async def _partition(env: Env, fault: plan.Fault) -> str:
+    """Cut the cluster as the fault says, choosing nodes by their role now."""
+    cluster = env.cluster
+    leader = await env.stream_leader()
+    if leader is None:  # no leader to cut off: cut the first node, say so
+        leader = cluster.nodes[0]
+    followers = [node for node in cluster.nodes if node is not leader]
+    follower = followers[fault.target % len(followers)]
+    how = "silent" if fault.silent else "reset"
+    if fault.kind == plan.ISOLATE_LEADER:
+        cluster.isolate(leader, silent=fault.silent)
+        return f"leader {leader.name} isolated ({how})"
+    if fault.kind == plan.ISOLATE_FOLLOWER:
+        cluster.isolate(follower, silent=fault.silent)
+        return f"follower {follower.name} isolated, leader {leader.name} ({how})"
+    cluster.cut(leader, follower, silent=fault.silent)
+    return f"leader {leader.name} and follower {follower.name} cut apart ({how})"
 
 
 async def run_plan(env: Env, faults: list[plan.Fault], t0: float, stop: asyncio.Event) -> None:

@@ -21,8 +21,16 @@ SSE_RESET = "sse-reset"  # abort every client connection into one hub (proxy)
 SSE_STALL = "sse-stall"  # freeze every client connection into one hub for `seconds`
 NATS_LINK_RESET = "nats-link-reset"  # abort one hub's connections to NATS (proxy)
 NATS_LINK_STALL = "nats-link-stall"  # freeze one hub's NATS connections for `seconds`
+# Partitions (tests/cluster.py PartitionableCluster): a cut lasts `seconds`, then heals;
+# `silent` cuts stop bytes, the others reset connections and refuse new ones. The nodes
+# are chosen when the fault starts, by their role then.
+ISOLATE_LEADER = "isolate-leader"  # the bucket stream's leader cut off from both others
+ISOLATE_FOLLOWER = "isolate-follower"  # a follower cut off (the leader keeps the majority)
+CUT_PAIR = "cut-pair"  # the leader and one follower cut apart; both still reach the third
+HUB_CUT = "hub-cut"  # one hub cut off from every node; its clients still reach it
 
 NATS_KINDS = (NODE_KILL, NODE_PAUSE, FULL_RESTART)
+PARTITION_KINDS = (ISOLATE_LEADER, ISOLATE_FOLLOWER, CUT_PAIR)
 KINDS = (
     NODE_KILL,
     NODE_PAUSE,
@@ -32,6 +40,10 @@ KINDS = (
     SSE_STALL,
     NATS_LINK_RESET,
     NATS_LINK_STALL,
+    ISOLATE_LEADER,
+    ISOLATE_FOLLOWER,
+    CUT_PAIR,
+    HUB_CUT,
 )
 WEIGHTS = {
     NODE_KILL: 3,
@@ -42,6 +54,10 @@ WEIGHTS = {
     SSE_STALL: 2,
     NATS_LINK_RESET: 2,
     NATS_LINK_STALL: 1,
+    ISOLATE_LEADER: 3,
+    ISOLATE_FOLLOWER: 2,
+    CUT_PAIR: 2,
+    HUB_CUT: 1,
 }
 SECONDS = {  # how long the fault lasts (uniform range)
     NODE_KILL: (2.0, 5.0),
@@ -52,6 +68,10 @@ SECONDS = {  # how long the fault lasts (uniform range)
     SSE_STALL: (3.0, 12.0),  # past 10 s the clients give up on the silent stream
     NATS_LINK_RESET: (0.0, 0.0),
     NATS_LINK_STALL: (2.0, 6.0),
+    ISOLATE_LEADER: (5.0, 12.0),  # on both sides of the ~10 s a cut-off leader keeps leading
+    ISOLATE_FOLLOWER: (5.0, 12.0),
+    CUT_PAIR: (5.0, 12.0),
+    HUB_CUT: (2.0, 8.0),
 }
 
 
@@ -62,17 +82,17 @@ class Fault:
     kind: str
     target: int  # node index (node faults) or hub index (hub and proxy faults); -1 = all
     seconds: float
+    silent: bool = False  # partitions: bytes stop instead of connections reset
 
     def describe(self) -> str:
-        target = (
-            "all nodes"
-            if self.target < 0
-            else (
-                f"node n{self.target}"
-                if self.kind in (NODE_KILL, NODE_PAUSE)
-                else f"hub {self.target}"
-            )
-        )
+        if self.kind in PARTITION_KINDS:
+            target = "silent" if self.silent else "reset"
+        elif self.target < 0:
+            target = "all nodes"
+        elif self.kind in (NODE_KILL, NODE_PAUSE):
+            target = f"node n{self.target}"
+        else:
+            target = f"hub {self.target}"
         return (
             f"#{self.index:<2} t+{self.at:6.1f}s {self.kind:<16} {target:<10} {self.seconds:4.1f}s"
         )
@@ -98,7 +118,7 @@ def make_plan(seed: int, duration: float, soak: bool = False) -> list[Fault]:
     fulls = 0
     while at <= stop:
         if not faults:
-            kind = rng.choice(NATS_KINDS[:2])
+            kind = rng.choice((*NATS_KINDS[:2], ISOLATE_LEADER))
         else:
             kinds = [k for k in KINDS if k != FULL_RESTART or fulls < max_full]
             kind = rng.choices(kinds, weights=[WEIGHTS[k] for k in kinds])[0]
@@ -110,9 +130,9 @@ def make_plan(seed: int, duration: float, soak: bool = False) -> list[Fault]:
         else:
             target = rng.randrange(2)
         low, high = SECONDS[kind]
-        faults.append(
-            Fault(len(faults), round(at, 1), kind, target, round(rng.uniform(low, high), 1))
-        )
+        seconds = round(rng.uniform(low, high), 1)
+        silent = kind in PARTITION_KINDS and rng.random() < 0.5
+        faults.append(Fault(len(faults), round(at, 1), kind, target, seconds, silent))
         at += rng.uniform(*gap)
     return faults
 

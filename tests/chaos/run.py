@@ -21,7 +21,7 @@ from tests.chaos.env import Env
 from tests.chaos.history import Ack, History
 from tests.chaos.streams import Follower
 from tests.chaos.workload import Writers, get_task, poll, retried, sample_ready, task_dict
-from tests.cluster import NatsCluster
+from tests.cluster import PartitionableCluster
 
 DRAIN_S = 60.0  # after the last write, followers have this long to see every terminal
 CONSUMER_SETTLE_S = 30.0
@@ -40,7 +40,8 @@ class Options:
 async def run(options: Options) -> dict[str, Any]:
     history = History()
     procs = options.out / "procs"
-    env = Env(procs, f"chaos-{options.seed}", history, NatsCluster(procs / "nats", advertise=False))
+    cluster = await PartitionableCluster.create(procs / "nats")
+    env = Env(procs, f"chaos-{options.seed}", history, cluster)
     fault_plan = plan.make_plan(options.seed, options.duration, options.soak)
     print(plan.format_plan(options.seed, fault_plan), flush=True)
     errors: list[str] = []
