@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js import api
-from nats.js.errors import APIError
+from nats.js.errors import APIError, ServiceUnavailableError
 
 from bridge.states import TerminalStateError
 from bridge.wire import (
@@ -50,6 +50,8 @@ InputHandler = Callable[[str, dict[str, Any]], Awaitable[None]]  # (task_id, out
 CancelHandler = Callable[[str], Awaitable[None]]  # (task_id)
 
 _HANDED_LIMIT = 4096
+# JetStream announces each newly elected consumer leader here (stream and consumer follow).
+LEADER_ELECTED = "$JS.EVENT.ADVISORY.CONSUMER.LEADER_ELECTED."
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,6 +129,8 @@ class ControlConsumer:
         # Keys handed to the input handler whose answer() write failed: a retry (or a
         # duplicate update) writes the answer without calling the handler again.
         self._handed: dict[str, set[str]] = {}
+        # A new leader for our consumer: a fetch waiting on the old one is asked again.
+        self._elected = asyncio.Event()
 
     def start(self) -> None:
         """Start consuming (idempotent); needs a running event loop."""
@@ -153,6 +157,8 @@ class ControlConsumer:
     async def _run(self) -> None:
         sub: Any = None
         clock = asyncio.get_running_loop().time
+        subject = f"{LEADER_ELECTED}{CONTROL_STREAM}.{self._tasks.server_id}"
+        advisories = await self._nc.subscribe(subject, cb=self._on_leader_elected)
         try:
             while not self._stopping:
                 try:
@@ -160,7 +166,9 @@ class ControlConsumer:
                         sub = await self._subscribe()
                     started = clock()
                     try:
-                        msgs = await sub.fetch(1, timeout=self._options.fetch_timeout)
+                        msgs = await self._fetch(sub)
+                        if msgs is None:
+                            continue  # a new leader: ask it at once
                     except TimeoutError:  # an empty long poll, or a reconnect in progress
                         if clock() - started < self._options.fetch_timeout / 2:
                             # nats-py also reports 409 statuses as timeouts, at once: pause.
@@ -177,11 +185,41 @@ class ControlConsumer:
                         log.warning("control consumer stops: the NATS connection is closed")
                         return
                     log.warning("control consumer: %r; retrying", exc)
-                    await _unsubscribe(sub)
-                    sub = None  # bind afresh: the consumer may have been deleted or moved
-                    await asyncio.sleep(self._options.retry_pause)
+                    if not isinstance(exc, ServiceUnavailableError):  # 503: no leader yet
+                        await _unsubscribe(sub)
+                        sub = None  # bind afresh: the consumer may have been deleted or moved
+                    with contextlib.suppress(TimeoutError):  # at once on a new leader
+                        async with asyncio.timeout(self._options.retry_pause):
+                            await self._elected.wait()
         finally:
             await _unsubscribe(sub)
+            await _unsubscribe(advisories)
+
+    async def _fetch(self, sub: Any) -> list[Msg] | None:
+        """One long poll; None when our consumer got a new leader meanwhile (after its node
+        died the poll would wait out its whole timeout). A message the dropped poll still
+        brings waits in the subscription for the next one."""
+        self._elected.clear()
+        fetching = asyncio.ensure_future(sub.fetch(1, timeout=self._options.fetch_timeout))
+        elected = asyncio.ensure_future(self._elected.wait())
+        try:
+            await asyncio.wait({fetching, elected}, return_when=asyncio.FIRST_COMPLETED)
+        except BaseException:  # stop() cancels us while idle in the poll
+            fetching.cancel()
+            raise
+        finally:
+            elected.cancel()
+        if not fetching.done():
+            fetching.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await fetching
+            return None
+        msgs: list[Msg] = fetching.result()
+        return msgs
+
+    async def _on_leader_elected(self, msg: Msg) -> None:
+        log.info("control consumer leader elected: %s", msg.data[:200].decode(errors="replace"))
+        self._elected.set()
 
     async def _subscribe(self) -> Any:
         """Create or update the durable consumer, then bind a pull subscription to it."""

@@ -16,6 +16,7 @@ advisory starts the re-watch at once.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from pathlib import Path
 
@@ -24,7 +25,8 @@ import nats
 import pytest
 
 from bridge import TaskBridge
-from bridge.wire import kv_stream
+from bridge.control import LEADER_ELECTED as CONSUMER_ELECTED
+from bridge.wire import CONTROL_STREAM, CancelMessage, control_subject, encode, kv_stream
 from hub.nats_source import LEADER_ELECTED, WATCH_STALE_BOUND_S
 from tests.cluster import ClusterNode, HubProcess, NatsCluster
 from tests.helpers import eventually, headers_for, rpc
@@ -200,4 +202,76 @@ async def test_a_hub_is_ready_again_as_soon_as_a_new_stream_leader_is_elected(
         await client.aclose()
         if hub is not None:
             hub.stop()
+        cluster.kill()
+
+
+async def test_a_bridge_takes_control_messages_from_a_new_consumer_leader_at_once(
+    tmp_path: Path, bucket: str
+) -> None:
+    """The node leading a server's control consumer dies while its bridge waits in a long
+    poll there. Before, the poll waited out its 5 s; now the consumer's leader-elected
+    advisory makes the bridge poll the new leader at once."""
+    cluster = NatsCluster(tmp_path / "nats")
+    bridge: TaskBridge | None = None
+    try:
+        cluster.start()
+        await cluster.wait_ready()
+        home = cluster.nodes[0]  # the bridge's node, never the one killed
+        bridge = await TaskBridge.connect(home.url, "srv", bucket=bucket, replicas=3)
+        cancelled: list[float] = []
+
+        async def on_cancel(_: str) -> None:
+            cancelled.append(time.monotonic())
+
+        bridge.on_cancel(on_cancel)
+        task = await bridge.create(owner="anonymous")
+        observer = await nats.connect(servers=[node.url for node in cluster.nodes])
+        js = observer.jetstream(timeout=2.0)
+
+        async def leader() -> ClusterNode | None:
+            with contextlib.suppress(Exception):
+                info = await js.consumer_info(CONTROL_STREAM, "srv")
+                if info.cluster is not None and info.cluster.leader is not None:
+                    return cluster.node(info.cluster.leader)
+            return None
+
+        async def led_away() -> bool:
+            if (await leader()) not in (home, None):
+                return True
+            with contextlib.suppress(Exception):
+                await observer.request(f"$JS.API.CONSUMER.LEADER.STEPDOWN.{CONTROL_STREAM}.srv")
+            return False
+
+        await eventually(led_away, timeout=20, interval=0.5)
+        victim = await leader()
+        assert victim is not None
+        elected: list[float] = []
+
+        async def on_elected(_: object) -> None:
+            elected.append(time.monotonic())
+
+        await observer.subscribe(f"{CONSUMER_ELECTED}{CONTROL_STREAM}.srv", cb=on_elected)
+        await asyncio.sleep(0.5)  # the bridge is in its long poll on the victim by now
+        victim.kill()
+        await eventually(lambda: elected, timeout=20, interval=0.02)
+        message = encode(CancelMessage(taskId=task.task_id, principal="anonymous"))
+        headers = {"Nats-Msg-Id": "failover-cancel"}
+
+        async def stored() -> bool:  # the control stream may be electing a leader too
+            with contextlib.suppress(Exception):
+                return bool(await js.publish(control_subject("srv"), message, headers=headers))
+            return False
+
+        await eventually(stored, timeout=20, interval=0.05)
+        published = time.monotonic()
+        await eventually(lambda: cancelled, timeout=20, interval=0.02)
+        await observer.close()
+        print(
+            f"\ncontrol consumer leader {victim.name} killed: "
+            f"the cancel handled {cancelled[0] - published:.2f}s after it was stored"
+        )
+        assert cancelled[0] - published <= READY_AFTER_ELECTION_S
+    finally:
+        if bridge is not None:
+            await bridge.close()
         cluster.kill()
