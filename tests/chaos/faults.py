@@ -16,6 +16,11 @@ from tests.chaos import plan
 from tests.chaos.env import Env
 from tests.chaos.history import FaultRecord
 
+# How long the next fault waits for every replica to be current and every live hub ready.
+# After a partition heals, nats-server has taken over a minute to catch a replica up (it
+# logs "Expected first catchup entry to be a snapshot and peerstate, will retry").
+SETTLE_S = 120.0
+
 
 async def inject(env: Env, fault: plan.Fault) -> FaultRecord:
     record = FaultRecord(fault.index, fault.kind, fault.target, time.monotonic())
@@ -124,11 +129,13 @@ async def run_plan(env: Env, faults: list[plan.Fault], t0: float, stop: asyncio.
         if stop.is_set():
             return
         record = await inject(env, fault)
-        settled = await env.settle(timeout=60.0)
+        settled = await env.settle(timeout=SETTLE_S)
         record.settled = time.monotonic()
         if not settled:
-            record.note += "; did not settle within 60 s"
-            env.history.notes.append(f"fault #{fault.index} {fault.kind}: no settle in 60 s")
+            record.note += f"; did not settle within {SETTLE_S:.0f} s"
+            env.history.notes.append(
+                f"fault #{fault.index} {fault.kind}: no settle in {SETTLE_S:.0f} s"
+            )
         print(
             f"  fault #{fault.index} {fault.kind} target {fault.target}: "
             f"{record.note}; over after {record.ended - record.started:.1f}s, "

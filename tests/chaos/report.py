@@ -25,10 +25,11 @@ if TYPE_CHECKING:
 GAP_S = 1.5
 
 
-def _ready_recovery(history: History, fault: FaultRecord) -> float:
+def _ready_recovery(history: History, fault: FaultRecord, next_start: float) -> float:
     """From the fault's start until every live hub answered /readyz 200 for good (0 if
-    none ever stopped answering 200 during the fault and its settling)."""
-    window_end = max(fault.settled, fault.ended) + 1.0
+    none ever stopped answering 200 during the fault and its settling, which ends where
+    the next fault starts)."""
+    window_end = min(max(fault.settled, fault.ended) + 1.0, next_start)
     rounds = [(t, s) for t, s in history.ready_rounds if fault.started <= t <= window_end]
     down = [t for t, s in rounds if not all(x for x in s if x is not None)]
     if not down:
@@ -155,8 +156,9 @@ def build(
     per_kind: dict[str, dict[str, Any]] = {}
     fault_rows = []
     idle = _idle(history)
-    for f in history.faults:
-        ready = _ready_recovery(history, f)
+    starts = [f.started for f in history.faults[1:]] + [float("inf")]
+    for f, next_start in zip(history.faults, starts, strict=True):
+        ready = _ready_recovery(history, f, next_start)
         streams, affected = _stream_recovery(history, f, idle)
         fault_rows.append(
             {
