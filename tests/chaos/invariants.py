@@ -1,22 +1,25 @@
-"""The invariants, checked over a finished run's `History`.
+"""The invariants, checked over a finished run's `History`: one function per check.
 
-Each `Check` counts how many times it was checked and how many checks failed, keeping
-the first five failures as examples. None of them has slack for faults: what a fault may
-excuse is said in the check (a -32603 answer, a hub that was not ready, an unknown create).
+Each returns a `Check`: how many times it was checked, how many checks failed, and the
+first five failures as examples. None has slack for faults beyond what it states (a
+-32603 answer, a hub that was not ready, an unknown create); what that excuses is counted
+under "allowed". tests/test_chaos_invariants.py feeds each check the violation it
+exists for.
 """
 
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from hub.jsonrpc import INTERNAL_ERROR, INVALID_PARAMS
 from tests.chaos.history import History
 from tests.chaos.workload import ENDINGS, NO_ANSWER, rank
 
 HUB_RSS_LIMIT_MB = 300.0  # every hub's RSS at the end of the run
 SOAK_GROWTH_LIMIT_MB = 64.0  # soak: a hub's RSS growth from the 10-minute mark to the end
-INVALID_PARAMS, INTERNAL_ERROR = -32602, -32603
 
 
 @dataclass
@@ -43,18 +46,21 @@ class Check:
         }
 
 
-def check_all(
-    history: History,
-    final_hubs: list[int],
-    consumer_settle: tuple[int, int, float] | None,
-    soak: bool,
-    run_errors: list[str],
-) -> tuple[list[Check], dict[str, int]]:
-    """All checks, and counters of what was allowed (not violations)."""
-    rel = history.rel
-    allowed: Counter[str] = Counter()
+@dataclass
+class Outcome:
+    """What the checks look at: the history and how the run ended."""
 
-    found = Check(
+    history: History
+    final_hubs: list[int]  # the hubs alive after the run, each read for final-state
+    consumer_settle: tuple[int, int, float] | None  # (consumers, live hubs, seconds waited)
+    soak: bool
+    run_errors: list[str]
+    allowed: Counter[str] = field(default_factory=Counter)  # what faults excused
+
+
+def create_found(o: Outcome) -> Check:
+    history, rel = o.history, o.history.rel
+    check = Check(
         "create-found",
         "every acked create is found (tasks/get, listen ack) on "
         "every hub that answered /readyz 200 just before",
@@ -65,8 +71,8 @@ def check_all(
         if g.task_id not in history.created_at:
             continue
         if g.code == INTERNAL_ERROR:
-            allowed["tasks/get -32603 on a ready hub"] += 1
-        found.ok(
+            o.allowed["tasks/get -32603 on a ready hub"] += 1
+        check.ok(
             g.code != INVALID_PARAMS,
             f"t={rel(g.at)} hub {g.hub} tasks/get {g.task_id} (created t="
             f"{rel(history.created_at[g.task_id])}): {g.code} {g.message}",
@@ -74,22 +80,26 @@ def check_all(
     for s in history.sessions:
         if s.granted is None:
             if s.end.startswith(("not a stream", "http")) and str(INTERNAL_ERROR) in s.end:
-                allowed["listen answered -32603"] += 1
+                o.allowed["listen answered -32603"] += 1
             if s.end.startswith(("not a stream", "http")) and str(INVALID_PARAMS) in s.end:
-                found.ok(
+                check.ok(
                     not s.ready_before, f"t={rel(s.started)} hub {s.hub} {s.request_id}: {s.end}"
                 )
             continue
         for task_id in s.requested:
             if s.ready_before:
-                found.ok(
+                check.ok(
                     task_id in s.granted,
                     f"t={rel(s.started)} hub {s.hub} {s.request_id}: {task_id} not granted",
                 )
             elif task_id not in s.granted:
-                allowed["not granted by a hub not ready"] += 1
+                o.allowed["not granted by a hub not ready"] += 1
+    return check
 
-    final = Check(
+
+def final_state(o: Outcome) -> Check:
+    history = o.history
+    check = Check(
         "final-state", "tasks/get after the run, on every hub, equals the last acknowledged write"
     )
     expected = {t: acks[-1].task for t, acks in history.acks.items() if acks}
@@ -97,145 +107,206 @@ def check_all(
         if not g.final:
             continue
         want = expected.get(g.task_id)
-        final.ok(
+        check.ok(
             g.code is None and g.task == want,
             f"hub {g.hub} {g.task_id}: got {g.code} {g.task} want {want}",
         )
     answered = {(g.hub, g.task_id) for g in history.gets if g.final}
     for task_id in expected:
-        for hub in final_hubs:
+        for hub in o.final_hubs:
             if (hub, task_id) not in answered:
-                final.ok(False, f"hub {hub} {task_id}: never read after the run")
+                check.ok(False, f"hub {hub} {task_id}: never read after the run")
+    return check
 
-    terminal = Check(
+
+def terminal_seen(o: Outcome) -> Check:
+    history = o.history
+    check = Check(
         "terminal-seen",
         "every subscriber following a task sees its terminal state, equal to the acknowledged one",
     )
     for follower, ids in history.followed.items():
         seen = history.terminal_seen.get(follower, {})
         for task_id in ids:
-            got, want = seen.get(task_id), expected.get(task_id)
-            terminal.ok(
+            ack = history.last_ack(task_id)
+            got, want = seen.get(task_id), None if ack is None else ack.task
+            check.ok(
                 got is not None and got == want,
                 f"follower {follower} {task_id}: got {got} want {want}",
             )
+    return check
 
-    written = Check(
+
+def never_written(o: Outcome) -> Check:
+    history, rel = o.history, o.history.rel
+    check = Check(
         "never-written",
         "no observed state (frame or tasks/get) that was never written (status + statusMessage)",
     )
     for s in history.sessions:
         for f in s.frames:
-            written.ok(
+            check.ok(
                 (f.status, f.message) in history.attempted.get(f.task_id, set()),
                 f"t={rel(f.at)} hub {s.hub} {s.request_id}: {f.task_id} {f.status} {f.message!r}",
             )
     for g in history.gets:
         if g.code is None:
-            written.ok(
+            check.ok(
                 (g.status, g.message) in history.attempted.get(g.task_id, set()),
                 f"t={rel(g.at)} hub {g.hub} get {g.task_id}: {g.status} {g.message!r}",
             )
+    return check
 
-    after = Check("after-terminal", "no frame for a task after its terminal frame, per stream")
-    back = Check("monotonic", "per stream, a task's progress rank never decreases")
-    addressed = Check(
+
+def after_terminal(o: Outcome) -> Check:
+    rel = o.history.rel
+    check = Check("after-terminal", "no frame for a task after its terminal frame, per stream")
+    for s in o.history.sessions:
+        done: set[str] = set()
+        for f in s.frames:
+            check.ok(
+                f.task_id not in done,
+                f"t={rel(f.at)} hub {s.hub} {s.request_id} {f.task_id}: "
+                f"{f.status} {f.message!r} after terminal",
+            )
+            if f.status in ENDINGS:
+                done.add(f.task_id)
+    return check
+
+
+def monotonic(o: Outcome) -> Check:
+    rel = o.history.rel
+    check = Check("monotonic", "per stream, a task's progress rank never decreases")
+    # Across streams (a re-listen's snapshot older than a frame an earlier stream had): not an
+    # invariant; counted by whether the new stream's hub answered /readyz 200 before it.
+    relisten_back = {True: 0, False: 0}
+    earlier: dict[tuple[int, str], int] = {}  # the highest rank a follower's past streams had
+    for s in o.history.sessions:
+        ranks: dict[str, int] = {}
+        for f in s.frames:
+            r, before = rank(f.status, f.message), ranks.get(f.task_id, -1)
+            check.ok(
+                r >= before,
+                f"t={rel(f.at)} hub {s.hub} {s.request_id} {f.task_id}: "
+                f"back to {f.message!r} from rank {before}",
+            )
+            if r < earlier.get((s.follower, f.task_id), -1):
+                relisten_back[s.ready_before] += 1
+            ranks[f.task_id] = max(r, before)
+        for task_id, r in ranks.items():
+            key = (s.follower, task_id)
+            earlier[key] = max(r, earlier.get(key, -1))
+    o.allowed["re-listen older snapshot, hub ready"] += relisten_back[True]
+    o.allowed["re-listen older snapshot, hub not ready"] += relisten_back[False]
+    return check
+
+
+def addressed(o: Outcome) -> Check:
+    rel = o.history.rel
+    check = Check(
         "addressed",
         "every frame carries the stream's subscription id and names a task the stream follows",
     )
-    relisten_back = {True: 0, False: 0}
-    last_rank: dict[tuple[int, str], int] = {}
-    for s in history.sessions:
-        done: set[str] = set()
-        ranks: dict[str, int] = {}
+    for s in o.history.sessions:
         for f in s.frames:
-            where = f"t={rel(f.at)} hub {s.hub} {s.request_id} {f.task_id}"
-            addressed.ok(f.meta_ok and f.task_id in s.requested, f"{where}: meta/task wrong")
-            after.ok(f.task_id not in done, f"{where}: {f.status} {f.message!r} after terminal")
-            r = rank(f.status, f.message)
-            back.ok(
-                r >= ranks.get(f.task_id, -1),
-                f"{where}: back to {f.message!r} from rank {ranks.get(f.task_id)}",
+            check.ok(
+                f.meta_ok and f.task_id in s.requested,
+                f"t={rel(f.at)} hub {s.hub} {s.request_id} {f.task_id}: meta/task wrong",
             )
-            ranks[f.task_id] = max(r, ranks.get(f.task_id, -1))
-            if f.status in ENDINGS:
-                done.add(f.task_id)
-            key = (s.follower, f.task_id)
-            if r < last_rank.get(key, -1):
-                relisten_back[s.ready_before] += 1
-            last_rank[key] = max(r, last_rank.get(key, -1))
-    # Across streams (a re-listen's snapshot older than a frame an earlier stream had): not an
-    # invariant; counted by whether the new stream's hub answered /readyz 200 before it.
-    allowed["re-listen older snapshot, hub ready"] = relisten_back[True]
-    allowed["re-listen older snapshot, hub not ready"] = relisten_back[False]
+    return check
 
-    leak = Check(
+
+def consumers(o: Outcome) -> Check:
+    check = Check(
         "consumers",
         "the bucket stream's consumer count settles to at most the "
         "number of live hubs within 30 s after the run",
     )
-    if consumer_settle is not None:
-        count, live, waited = consumer_settle
-        leak.ok(0 <= count <= live, f"{count} consumers for {live} live hubs after {waited:.0f}s")
+    if o.consumer_settle is not None:
+        count, live, waited = o.consumer_settle
+        check.ok(0 <= count <= live, f"{count} consumers for {live} live hubs after {waited:.0f}s")
+    return check
 
-    memory = Check(
+
+def hub_memory(o: Outcome) -> Check:
+    check = Check(
         "hub-memory",
         f"hub RSS at the end <= {HUB_RSS_LIMIT_MB:.0f} MB"
         + (
             f"; soak: growth from the 10-minute mark <= {SOAK_GROWTH_LIMIT_MB:.0f} MB"
-            if soak
+            if o.soak
             else ""
         ),
     )
-    samples = history.resources
-    if samples:
-        last = samples[-1]
-        for name in ("hub0", "hub1"):
-            if name in last and last[name]["rss_kb"] is not None:
-                mb = last[name]["rss_kb"] / 1024
-                memory.ok(mb <= HUB_RSS_LIMIT_MB, f"{name} RSS {mb:.0f} MB at the end")
-                if soak:
-                    pid = last[name]["pid"]
-                    mark = next(
-                        (
-                            r
-                            for r in samples
-                            if r["t"] >= 600 and name in r and r[name]["pid"] == pid
-                        ),
-                        None,
-                    )
-                    if mark is not None and mark is not last:
-                        growth = (last[name]["rss_kb"] - mark[name]["rss_kb"]) / 1024
-                        memory.ok(
-                            growth <= SOAK_GROWTH_LIMIT_MB,
-                            f"{name} grew {growth:.0f} MB from t={mark['t']:.0f}s to the end",
-                        )
+    samples = o.history.resources
+    if not samples:
+        return check
+    last = samples[-1]
+    for name in ("hub0", "hub1"):
+        if name not in last or last[name]["rss_kb"] is None:
+            continue
+        mb = last[name]["rss_kb"] / 1024
+        check.ok(mb <= HUB_RSS_LIMIT_MB, f"{name} RSS {mb:.0f} MB at the end")
+        if not o.soak:
+            continue
+        pid = last[name]["pid"]
+        mark = next(
+            (r for r in samples if r["t"] >= 600 and name in r and r[name]["pid"] == pid), None
+        )
+        if mark is not None and mark is not last:
+            growth = (last[name]["rss_kb"] - mark[name]["rss_kb"]) / 1024
+            check.ok(
+                growth <= SOAK_GROWTH_LIMIT_MB,
+                f"{name} grew {growth:.0f} MB from t={mark['t']:.0f}s to the end",
+            )
+    return check
 
-    orphans = Check(
+
+def no_orphans(o: Outcome) -> Check:
+    check = Check(
         "no-orphans",
         "a create whose outcome was unknown is resolved (stored or "
         "not); a stored one is not orphaned (final state checked like any other)",
     )
-    for task_id, stored in history.resolved_unknown.items():
-        orphans.ok(stored is not None, f"{task_id}: unresolved")
-        allowed["unknown create: stored" if stored else "unknown create: not stored"] += 1
+    for task_id, stored in o.history.resolved_unknown.items():
+        check.ok(stored is not None, f"{task_id}: unresolved")
+        o.allowed["unknown create: stored" if stored else "unknown create: not stored"] += 1
+    return check
 
-    harness = Check(
+
+def run_finished(o: Outcome) -> Check:
+    check = Check(
         "run", "the run finished: every write acknowledged, no harness error, within the deadline"
     )
-    for error in [*run_errors, *history.notes]:  # notes: a fault that never settled
-        harness.ok(False, error)
-    harness.ok(not run_errors and not history.notes, "see the examples above")
-    return [
-        found,
-        final,
-        terminal,
-        written,
-        after,
-        back,
-        addressed,
-        leak,
-        memory,
-        orphans,
-        harness,
-    ], dict(allowed)
+    notes = o.history.notes  # a fault that never settled
+    for error in [*o.run_errors, *notes]:
+        check.ok(False, error)
+    check.ok(not o.run_errors and not notes, "see the examples above")
+    return check
+
+
+CHECKS: tuple[Callable[[Outcome], Check], ...] = (
+    create_found,
+    final_state,
+    terminal_seen,
+    never_written,
+    after_terminal,
+    monotonic,
+    addressed,
+    consumers,
+    hub_memory,
+    no_orphans,
+    run_finished,
+)
+
+
+def check_all(
+    history: History,
+    final_hubs: list[int],
+    consumer_settle: tuple[int, int, float] | None,
+    soak: bool,
+    run_errors: list[str],
+) -> tuple[list[Check], dict[str, int]]:
+    """Every check in `CHECKS`, and counters of what was allowed (not violations)."""
+    outcome = Outcome(history, final_hubs, consumer_settle, soak, run_errors)
+    return [check(outcome) for check in CHECKS], dict(outcome.allowed)
