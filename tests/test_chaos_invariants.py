@@ -15,12 +15,19 @@ from typing import Any
 import pytest
 
 from tests.chaos.history import Ack, FaultRecord, Frame, GetAnswer, History, Session
-from tests.chaos.invariants import HUB_RSS_LIMIT_MB, SOAK_GROWTH_LIMIT_MB, Check, check_all
+from tests.chaos.invariants import (
+    FAULT_GRACE_S,
+    HUB_RSS_LIMIT_MB,
+    SOAK_GROWTH_LIMIT_MB,
+    Check,
+    check_all,
+)
 
 A, B, C = "task-a", "task-b", "task-c"
 CREATED_AT = "2026-01-01T00:00:00Z"
 STATES = [("working", "created"), ("working", "progress 1"), ("completed", "final 0")]
 FAULT = FaultRecord(0, "node-pause", 0, started=10.0, ended=14.0, settled=16.0)
+WINDOW_END = FAULT.settled + FAULT_GRACE_S
 MB = 1024  # rss_kb per MB
 
 
@@ -141,10 +148,35 @@ CASES: dict[str, Case] = {
         set(),
         lambda r: r.history.gets.append(error(3.0, 1, -32602)),
     ),
+    "get -32603 on a ready hub outside a fault": (
+        "create-found",
+        set(),
+        lambda r: r.history.gets.append(error(WINDOW_END + 0.5, 1, -32603)),
+    ),
     "get -32602 on a ready hub during a fault": (
         "create-found",
         set(),
         lambda r: r.history.gets.append(error(12.0, 1, -32602)),
+    ),
+    "get answers another task": (
+        "create-found",
+        set(),
+        lambda r: r.history.gets.append(get(3.0, 1, task(B, *STATES[0]))),
+    ),
+    "get on a hub not ready answers another task": (
+        "create-found",
+        set(),
+        lambda r: r.history.gets.append(get(3.0, 1, task(B, *STATES[0]), ready=False)),
+    ),
+    "get answers a task of that id created at another time": (
+        "create-found",
+        set(),
+        lambda r: r.history.gets.append(get(3.0, 1, task(A, *STATES[0], "2026-01-02T00:00:00Z"))),
+    ),
+    "get answers a state never written": (
+        "create-found",
+        {"never-written"},
+        lambda r: r.history.gets.append(get(3.0, 1, task(A, "working", "progress 9"))),
     ),
     "listen on a ready hub not granting a task": (
         "create-found",
@@ -152,6 +184,11 @@ CASES: dict[str, Case] = {
         lambda r: r.history.sessions.append(
             Session(1, "f1.1", 1, True, 3.0, [A], granted=[], end="not every task granted")
         ),
+    ),
+    "listen -32603 on a ready hub outside a fault": (
+        "create-found",
+        set(),
+        lambda r: r.history.sessions.append(listen_error(WINDOW_END + 0.5, -32603)),
     ),
     "listen -32602 on a ready hub": (
         "create-found",
@@ -275,3 +312,45 @@ def test_an_older_snapshot_on_a_re_listen_is_counted_not_a_violation() -> None:
     checks, allowed = run.checks()
     assert checks["monotonic"].violations == 1
     assert allowed["re-listen older snapshot, hub ready"] == 0
+
+
+# -- what is excused, and what is not ------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("at", "excused"),
+    [
+        (FAULT.started - 0.5, False),
+        (FAULT.started + 0.1, True),
+        (FAULT.settled + FAULT_GRACE_S - 0.1, True),
+        (FAULT.settled + FAULT_GRACE_S + 0.1, False),
+    ],
+)
+def test_internal_error_on_a_ready_hub_is_excused_only_in_a_fault_window(
+    at: float, excused: bool
+) -> None:
+    run = clean()
+    run.history.gets.append(error(at, 1, -32603))
+    run.history.sessions.append(listen_error(at, -32603))
+    checks, allowed = run.checks()
+    assert checks["create-found"].violations == (0 if excused else 2)
+    assert allowed.get("tasks/get -32603 on a ready hub, in a fault window", 0) == int(excused)
+    assert allowed.get("listen -32603 on a ready hub, in a fault window", 0) == int(excused)
+
+
+def test_errors_from_a_hub_not_ready_are_allowed_and_counted() -> None:
+    run = clean()
+    run.history.gets += [error(40.0, 1, -32603, ready=False), error(40.0, 1, -32602, ready=False)]
+    run.history.sessions.append(listen_error(40.0, -32603, ready=False))
+    checks, allowed = run.checks()
+    assert checks["create-found"].violations == 0
+    assert allowed["tasks/get -32603 on a hub not ready"] == 1
+    assert allowed["listen -32603 on a hub not ready"] == 1
+
+
+def test_a_run_cut_short_during_a_fault_excuses_to_its_end() -> None:
+    run = clean()
+    run.history.faults.append(FaultRecord(1, "hub-kill", 1, started=100.0))
+    run.history.gets.append(error(500.0, 1, -32603))
+    checks, _ = run.checks()
+    assert checks["create-found"].violations == 0
