@@ -24,8 +24,18 @@ from tests.chaos.workload import ENDINGS, NO_ANSWER, rank
 # began before that may go on asking NATS for CONFIRM_MISS_S, its last ask waiting up to one
 # request timeout (hub/nats_source.py, 2 s each).
 FAULT_GRACE_S = 5.0
-HUB_RSS_LIMIT_MB = 300.0  # every hub's RSS at the end of the run
-SOAK_GROWTH_LIMIT_MB = 64.0  # soak: a hub's RSS growth from the 10-minute mark to the end
+HUB_RSS_CAP_MB = 128.0  # every sample of every hub
+# Growth after warm-up: the least-squares slope over the samples from WARMUP_S after a
+# process's first sample (the run's start, for the consumer count) to the end, checked only
+# when those span MIN_SPAN_S (a soak): a shorter series says too little per hour.
+WARMUP_S = 300.0
+MIN_SPAN_S = 600.0
+# Per hub process. A healthy hub grows too while the soak reads tasks it has not read
+# before (what it keeps per task read is bounded): the bound is set for the soak's one task
+# per second.
+RSS_GROWTH_LIMIT_MB_PER_H = 40.0
+FDS_GROWTH_LIMIT_PER_H = 60.0  # per hub process; open streams come and go around it
+CONSUMER_GROWTH_LIMIT_PER_H = 6.0  # the bucket stream's consumers
 
 _ERROR_CODE = re.compile(r'"code"\s*:\s*(-?\d+)')
 
@@ -61,7 +71,6 @@ class Outcome:
     history: History
     final_hubs: list[int]  # the hubs alive after the run, each read for final-state
     consumer_settle: tuple[int, int, float] | None  # (consumers, live hubs, seconds waited)
-    soak: bool
     run_errors: list[str]
     allowed: Counter[str] = field(default_factory=Counter)  # what faults excused
 
@@ -266,49 +275,83 @@ def addressed(o: Outcome) -> Check:
     return check
 
 
+def slope_per_hour(points: list[tuple[float, float]]) -> float:
+    """The least-squares slope of (seconds, value) points, per hour."""
+    n = len(points)
+    mean_t = sum(t for t, _ in points) / n
+    mean_v = sum(v for _, v in points) / n
+    spread = sum((t - mean_t) ** 2 for t, _ in points)
+    if spread == 0:
+        return 0.0
+    return 3600 * sum((t - mean_t) * (v - mean_v) for t, v in points) / spread
+
+
+def _growth(check: Check, what: str, points: list[tuple[float, float]], limit: float) -> None:
+    """One check of `points`' growth per hour after warm-up, if they run long enough."""
+    if not points:
+        return
+    mark = points[0][0] + WARMUP_S
+    later = [(t, v) for t, v in points if t >= mark]
+    if len(later) < 2 or later[-1][0] - later[0][0] < MIN_SPAN_S:
+        return
+    rate = slope_per_hour(later)
+    check.ok(
+        rate <= limit,
+        f"{what} grew {rate:.1f}/h (bound {limit:g}/h) from t={later[0][0]:.0f}s "
+        f"to t={later[-1][0]:.0f}s: {later[0][1]:.0f} → {later[-1][1]:.0f}",
+    )
+
+
+def _hub_series(history: History, key: str) -> dict[str, list[tuple[float, float]]]:
+    """Per hub process ("hub0 pid 123"), the (t, value) samples of `key`."""
+    series: dict[str, list[tuple[float, float]]] = {}
+    for row in history.resources:
+        for name, entry in row.items():
+            if name.startswith("hub") and entry.get(key) is not None:
+                series.setdefault(f"{name} pid {entry['pid']}", []).append((row["t"], entry[key]))
+    return series
+
+
 def consumers(o: Outcome) -> Check:
     check = Check(
         "consumers",
-        "the bucket stream's consumer count settles to at most the "
-        "number of live hubs within 30 s after the run",
+        "the bucket stream's consumer count settles to at most the number of live hubs "
+        f"within 30 s after the run; after {WARMUP_S:.0f} s of warm-up it grows "
+        f"<= {CONSUMER_GROWTH_LIMIT_PER_H:g}/h (over >= {MIN_SPAN_S:.0f} s of samples)",
     )
     if o.consumer_settle is not None:
         count, live, waited = o.consumer_settle
         check.ok(0 <= count <= live, f"{count} consumers for {live} live hubs after {waited:.0f}s")
+    points = [
+        (r["t"], r["consumers"]) for r in o.history.resources if r.get("consumers") is not None
+    ]
+    _growth(check, "the consumer count", points, CONSUMER_GROWTH_LIMIT_PER_H)
     return check
 
 
 def hub_memory(o: Outcome) -> Check:
     check = Check(
         "hub-memory",
-        f"hub RSS at the end <= {HUB_RSS_LIMIT_MB:.0f} MB"
-        + (
-            f"; soak: growth from the 10-minute mark <= {SOAK_GROWTH_LIMIT_MB:.0f} MB"
-            if o.soak
-            else ""
-        ),
+        f"every hub's RSS <= {HUB_RSS_CAP_MB:.0f} MB in every sample; per hub process, after "
+        f"{WARMUP_S:.0f} s of warm-up it grows <= {RSS_GROWTH_LIMIT_MB_PER_H:g} MB/h "
+        f"(over >= {MIN_SPAN_S:.0f} s of samples)",
     )
-    samples = o.history.resources
-    if not samples:
-        return check
-    last = samples[-1]
-    for name in ("hub0", "hub1"):
-        if name not in last or last[name]["rss_kb"] is None:
-            continue
-        mb = last[name]["rss_kb"] / 1024
-        check.ok(mb <= HUB_RSS_LIMIT_MB, f"{name} RSS {mb:.0f} MB at the end")
-        if not o.soak:
-            continue
-        pid = last[name]["pid"]
-        mark = next(
-            (r for r in samples if r["t"] >= 600 and name in r and r[name]["pid"] == pid), None
-        )
-        if mark is not None and mark is not last:
-            growth = (last[name]["rss_kb"] - mark[name]["rss_kb"]) / 1024
-            check.ok(
-                growth <= SOAK_GROWTH_LIMIT_MB,
-                f"{name} grew {growth:.0f} MB from t={mark['t']:.0f}s to the end",
-            )
+    for process, samples in _hub_series(o.history, "rss_kb").items():
+        mb = [(t, kb / 1024) for t, kb in samples]
+        at, peak = max(mb, key=lambda p: p[1])
+        check.ok(peak <= HUB_RSS_CAP_MB, f"{process} RSS {peak:.0f} MB at t={at:.0f}s")
+        _growth(check, f"{process} RSS (MB)", mb, RSS_GROWTH_LIMIT_MB_PER_H)
+    return check
+
+
+def hub_fds(o: Outcome) -> Check:
+    check = Check(
+        "hub-fds",
+        f"per hub process, after {WARMUP_S:.0f} s of warm-up its open fds grow "
+        f"<= {FDS_GROWTH_LIMIT_PER_H:g}/h (over >= {MIN_SPAN_S:.0f} s of samples)",
+    )
+    for process, samples in _hub_series(o.history, "fds").items():
+        _growth(check, f"{process} open fds", samples, FDS_GROWTH_LIMIT_PER_H)
     return check
 
 
@@ -345,6 +388,7 @@ CHECKS: tuple[Callable[[Outcome], Check], ...] = (
     addressed,
     consumers,
     hub_memory,
+    hub_fds,
     no_orphans,
     run_finished,
 )
@@ -354,9 +398,8 @@ def check_all(
     history: History,
     final_hubs: list[int],
     consumer_settle: tuple[int, int, float] | None,
-    soak: bool,
     run_errors: list[str],
 ) -> tuple[list[Check], dict[str, int]]:
     """Every check in `CHECKS`, and counters of what was allowed (not violations)."""
-    outcome = Outcome(history, final_hubs, consumer_settle, soak, run_errors)
+    outcome = Outcome(history, final_hubs, consumer_settle, run_errors)
     return [check(outcome) for check in CHECKS], dict(outcome.allowed)
