@@ -69,9 +69,7 @@ async def run(options: Options) -> dict[str, Any]:
             task.cancel()
         await asyncio.gather(*background, return_exceptions=True)
         await env.close()
-    checks, allowed = invariants.check_all(
-        history, final_hubs, consumer_settle, options.soak, errors
-    )
+    checks, allowed = invariants.check_all(history, final_hubs, consumer_settle, errors)
     result = report.build(history, options, fault_plan, checks, allowed, env)
     result["wall_s"] = round(time.monotonic() - started, 1)
     (options.out / "report.json").write_text(json.dumps(result, indent=2, default=str))
