@@ -206,6 +206,7 @@ class ControlConsumer:
             await asyncio.wait({fetching, elected}, return_when=asyncio.FIRST_COMPLETED)
         except BaseException:  # stop() cancels us while idle in the poll
             fetching.cancel()
+            fetching.add_done_callback(_retrieved)  # it may have failed meanwhile
             raise
         finally:
             elected.cancel()
@@ -344,6 +345,12 @@ async def _settle(reply: Awaitable[Any]) -> None:
         await reply
     except Exception as exc:
         log.warning("control message not settled (will be redelivered): %r", exc)
+
+
+def _retrieved(task: asyncio.Future[Any]) -> None:
+    """Mark a dropped task's outcome seen (a closed connection's error is expected)."""
+    if not task.cancelled():
+        task.exception()
 
 
 async def _unsubscribe(sub: Any) -> None:
