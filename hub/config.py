@@ -403,7 +403,7 @@ _OPTIONS: list[tuple[str, Callable[[str], Any], str]] = [
         "allowed-host",
         _host_names,
         "comma-separated Host names an open hub answers besides addresses, localhost and "
-        "the public URL's host (DNS rebinding: others get 421)",
+        "the public URL's host (DNS rebinding: others get 421, 403 at the legacy door)",
     ),
     (
         "max-head-bytes",
