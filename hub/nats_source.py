@@ -36,6 +36,7 @@ import nats
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 from nats.js import api
+from nats.js.errors import NotFoundError
 
 from bridge.jetstream import ensure_bucket, ensure_control_stream
 from bridge.store_reads import StoreUnavailable, StoreView, leads_with_quorum, read_last
@@ -74,6 +75,8 @@ CONFIRM_RESET_S = 3.0
 LEADER_ELECTED = "$JS.EVENT.ADVISORY.STREAM.LEADER_ELECTED."
 # How often a re-watch asks for a leader with its quorum, between such announcements.
 REWATCH_PAUSE_S = 0.5
+# How long a re-watch keeps asking JetStream to delete the consumer it replaced.
+FORGET_CONSUMER_S = 60.0
 # How long a closing hub waits to delete its watch's consumer (else it expires).
 CLOSE_DELETE_S = 1.0
 
@@ -595,8 +598,20 @@ class NatsSource:
         task.add_done_callback(self._cleanups.discard)
 
     async def _delete_consumer(self, name: str) -> None:
-        with contextlib.suppress(Exception):
-            await self.js.delete_consumer(self.stream, name)
+        """Asked again until JetStream has it gone: one left to its inactivity expiry can
+        outlive a partition for a minute (its assignment "not cleaned up, retrying")."""
+        deadline = time.monotonic() + FORGET_CONSUMER_S
+        while not self._closing:
+            try:
+                await self.js.delete_consumer(self.stream, name)
+                return
+            except NotFoundError:
+                return
+            except Exception as exc:  # no leader, a timeout, a reconnect
+                if time.monotonic() > deadline:
+                    log.warning("consumer %s not deleted (%s); left to expire", name, exc)
+                    return
+            await asyncio.sleep(1.0)
 
     async def _on_disconnected(self) -> None:
         if not self._closing:

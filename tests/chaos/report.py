@@ -77,8 +77,9 @@ def _stream_recovery(
 
 
 def _lags(history: History) -> dict[str, Any]:
-    windows = [(f.started, (f.settled or f.ended) + 2.0) for f in history.faults]
+    windows = [(f.started, (f.settled or f.ended) + 2.0, f.kind) for f in history.faults]
     lags: dict[int, list[float]] = defaultdict(list)
+    by_kind: dict[str, list[float]] = defaultdict(list)  # acked within that fault's window
     quiet: list[float] = []
     worst: tuple[float, str] = (0.0, "")
     for s in history.sessions:
@@ -95,7 +96,10 @@ def _lags(history: History) -> dict[str, Any]:
                 continue
             lag = max(0.0, f.at - ack.at)
             lags[s.hub].append(lag)
-            if not any(a <= ack.at <= b for a, b in windows):
+            kinds = {kind for a, b, kind in windows if a <= ack.at <= b}
+            for kind in kinds:
+                by_kind[kind].append(lag)
+            if not kinds:
                 quiet.append(lag)
             if lag > worst[0]:
                 worst = (
@@ -116,6 +120,7 @@ def _lags(history: History) -> dict[str, Any]:
         "quiet_max_s": p(quiet, 1.0),
         "quiet_p99_s": p(quiet, 0.99),
         "per_hub_max_s": {str(h): p(v, 1.0) for h, v in sorted(lags.items())},
+        "per_fault_kind_max_s": {k: p(v, 1.0) for k, v in sorted(by_kind.items())},
         "worst": worst[1],
     }
 
@@ -223,9 +228,15 @@ def table(result: dict[str, Any]) -> str:
             "allowed (not violations): "
             + ", ".join(f"{k}={v}" for k, v in result["allowed"].items())
         )
-    lines.append(f"{'fault kind':<17}{'count':>6}{'ready max s':>13}{'streams max s':>15}")
+    lines.append(
+        f"{'fault kind':<17}{'count':>6}{'ready max s':>13}{'streams max s':>15}{'lag max s':>11}"
+    )
+    lag_by_kind = result["lag"].get("per_fault_kind_max_s", {})
     for kind, k in sorted(result["fault_kinds"].items()):
-        lines.append(f"{kind:<17}{k['count']:>6}{k['ready_max_s']:>13}{k['streams_max_s']:>15}")
+        lines.append(
+            f"{kind:<17}{k['count']:>6}{k['ready_max_s']:>13}{k['streams_max_s']:>15}"
+            f"{lag_by_kind.get(kind, 0.0):>11}"
+        )
     for f in result["faults"]:
         lines.append(
             f"  #{f['index']:<2} t={f['at']:>7.1f} {f['kind']:<16} tgt {f['target']:>2} "

@@ -42,6 +42,8 @@ pytestmark = pytest.mark.timeout(120)
 CUT_S = 12.0  # past the old leader's own ~10 s before it steps down
 # The hub's promise: a ready hub is at most this far behind its bucket (README).
 STALE_S = 2.0
+# What a server retries: no answer, no leader yet, no answer it could believe.
+RETRYABLE = (NatsTimeoutError, ServiceUnavailableError, StoreUnavailable)
 
 
 @pytest.fixture
@@ -162,7 +164,7 @@ async def retried(write: Callable[[], Awaitable[TaskRecord]]) -> TaskRecord:
     while True:
         try:
             return await write()
-        except (NatsTimeoutError, ServiceUnavailableError, StoreUnavailable):
+        except RETRYABLE:
             assert time.monotonic() < deadline, "no write stored within 60 s"
 
 
@@ -217,8 +219,8 @@ async def test_a_servers_own_reads_never_believe_a_cut_off_leader(
             for task_id, want in ((created.task_id, None), (old.task_id, "after the cut")):
                 try:
                     record = await cut_off.get(task_id)
-                except StoreUnavailable:
-                    continue  # the retryable answer
+                except RETRYABLE:
+                    continue  # an answer that says "ask again"
                 if record is None:
                     wrong.append(f"t={time.monotonic() - cut:.1f}s {task_id} not found")
                 elif want is not None and record.task.statusMessage != want:
@@ -229,7 +231,7 @@ async def test_a_servers_own_reads_never_believe_a_cut_off_leader(
         async def healed() -> bool:
             try:
                 record = await cut_off.get(old.task_id)
-            except StoreUnavailable:
+            except RETRYABLE:
                 return False
             return record is not None and record.revision == updated.revision
 
