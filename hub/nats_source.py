@@ -75,6 +75,9 @@ CONFIRM_RESET_S = 3.0
 LEADER_ELECTED = "$JS.EVENT.ADVISORY.STREAM.LEADER_ELECTED."
 # How often a re-watch asks for a leader with its quorum, between such announcements.
 REWATCH_PAUSE_S = 0.5
+# How long a re-watch asks through one NATS server before it tries another: past
+# JetStream's shortest election (4 s), so a server cut off from the others is left.
+SWITCH_SERVER_S = 5.0
 # How long a re-watch keeps asking JetStream to delete the consumer it replaced.
 FORGET_CONSUMER_S = 60.0
 # How long a closing hub waits to delete its watch's consumer (else it expires).
@@ -149,6 +152,7 @@ class NatsSource:
         self._stream_created = ""  # the bucket stream's creation time, as of the last watch
         self._behind_since = 0.0  # when the stream first showed a sequence behind ours
         self._elected = asyncio.Event()  # a new bucket stream leader was announced
+        self._leaving: tuple[str, int] | None = None  # a server we reconnect away from; draws
         self._catch_up_task: asyncio.Task[None] | None = None
         self._first_read_task: asyncio.Task[None] | None = None
         self._first_read_tried = False  # once per bucket stream: if it fails, the watch reads
@@ -377,7 +381,7 @@ class NatsSource:
             self._forget_consumer,
             self.batch,
         )
-        await feed.start(self._servers, self.nats_options, config)
+        await feed.start(self._here(), self.nats_options, config)
         self._feed = feed
         if self._catch_up_seq <= self._applied_seq:
             self._mark_caught_up()
@@ -457,7 +461,11 @@ class NatsSource:
         """The bucket stream's info from a leader that has its quorum. Asked again at once
         when JetStream announces a new leader (an ask in flight is dropped: after a node
         died it would time out), else every REWATCH_PAUSE_S."""
+        asking_since = time.monotonic()
         while True:
+            if time.monotonic() - asking_since > SWITCH_SERVER_S:
+                asking_since = time.monotonic()
+                await self._switch_server()
             self._elected.clear()
             ask = asyncio.ensure_future(self.js.stream_info(self.stream))
             elected = asyncio.ensure_future(self._elected.wait())
@@ -478,6 +486,37 @@ class NatsSource:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(REWATCH_PAUSE_S):
                     await self._elected.wait()
+
+    async def _switch_server(self) -> None:
+        """Our NATS server has shown no leader with its quorum for SWITCH_SERVER_S: it may
+        be cut off from the others, answering PINGs all the while. Reconnect to another
+        of the given servers (nats-py takes the next in its pool)."""
+        nc = self.nc
+        if nc is None or len(self._servers) < 2 or not nc.is_connected:
+            return
+        log.warning(
+            "no bucket stream leader with its quorum through %s for %.0f s; "
+            "reconnecting to another NATS server",
+            nc.connected_url.netloc if nc.connected_url else "?",
+            SWITCH_SERVER_S,
+        )
+        self._leaving = (nc.connected_url.netloc if nc.connected_url else "", 1)
+        await nc.force_reconnect()
+
+    def _here(self) -> list[str]:
+        """The server the hub's connection is on, for the watch's own connection: its
+        deliveries then take the path the hub's requests just proved (a node cut off
+        from the others would receive none of them)."""
+        nc = self.nc
+        if nc is None or nc.connected_url is None or not nc.is_connected:
+            return self._servers
+        return [nc.connected_url.geturl()]
+
+    def _reconnect_again(self) -> None:
+        if self.nc is not None and not self._closing:
+            task = asyncio.ensure_future(self.nc.force_reconnect())
+            self._cleanups.add(task)
+            task.add_done_callback(self._cleanups.discard)
 
     async def _on_leader_elected(self, msg: Msg) -> None:
         """JetStream's advisory: the bucket stream has a new leader."""
@@ -620,6 +659,14 @@ class NatsSource:
 
     async def _on_reconnected(self) -> None:
         log.info("NATS reconnected")
+        nc, leaving = self.nc, self._leaving
+        here = nc.connected_url.netloc if nc is not None and nc.connected_url else None
+        if leaving is not None and here == leaving[0] and leaving[1] < len(self._servers):
+            # nats-py drew the server we are leaving again: draw once more.
+            self._leaving = (leaving[0], leaving[1] + 1)
+            asyncio.get_running_loop().call_later(0.05, self._reconnect_again)
+        else:
+            self._leaving = None
         self._restart_watch()
         if self.on_reconnected is not None:
             self.on_reconnected()
