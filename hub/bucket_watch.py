@@ -32,6 +32,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -156,9 +157,16 @@ class BucketWatch:
             with contextlib.suppress(Exception):
                 await old.unsubscribe()
         await self._nc.flush()  # the server knows the inbox before the consumer delivers to it
-        info = await self.js.add_consumer(
-            self.stream, dataclasses.replace(config, deliver_subject=inbox)
-        )
+        # Named here, so one whose creation timed out (made all the same, or not) is
+        # deleted by name rather than left to an expiry a partition can stall.
+        name = f"taskhub-watch-{uuid.uuid4().hex[:16]}"
+        try:
+            info = await self.js.add_consumer(
+                self.stream, dataclasses.replace(config, deliver_subject=inbox, name=name)
+            )
+        except BaseException:
+            self.forget(name)
+            raise
         replaced, self.consumer = self.consumer, info.name
         if replaced:
             self.forget(replaced)
