@@ -9,7 +9,6 @@ but never overwrite a terminal state. The rules themselves live in `bridge.state
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import math
 import uuid
@@ -390,10 +389,9 @@ class TaskBridge:
             except _TRANSIENT as exc:
                 cause = exc
                 # The write may have landed with its ack lost: look before writing again.
-                with contextlib.suppress(*_TRANSIENT, StoreUnavailable):
-                    entry = await self._read(task_id)
-                    if entry is not None:
-                        return entry
+                entry = await self._look(task_id)
+                if entry is not None and entry is not _UNKNOWN:
+                    return entry  # type: ignore[no-any-return]
             if loop.time() + delay > deadline:
                 raise CreateOutcomeUnknown(task_id, deadline_s, cause) from cause
             await asyncio.sleep(delay)  # back off while the cluster elects or reconnects
@@ -406,10 +404,9 @@ class TaskBridge:
         loop = asyncio.get_running_loop()
         delay = _RETRY_FIRST_S
         while True:
-            with contextlib.suppress(*_TRANSIENT, StoreUnavailable):
-                entry = await self._read(task_id)
-                if entry is not None:
-                    return entry
+            entry = await self._look(task_id)
+            if entry is not None and entry is not _UNKNOWN:
+                return entry  # type: ignore[no-any-return]
             if loop.time() + delay > deadline:
                 return None
             await asyncio.sleep(delay)
