@@ -37,7 +37,7 @@ from hub.jsonrpc import line_safe
 TOMBSTONE_SECONDS = 120.0
 # Snapshots made for readers are kept for the next read of the same revision, up to this
 # many (then all are let go at once): a polled task is unpacked once per revision.
-RECENT_SNAPSHOTS = 16_384  # at most ~8 MB of snapshots
+RECENT_SNAPSHOTS = 16_384  # their size follows the tasks' (docs/architecture.md)
 
 # A packed task: revision, expires_at (NaN: unlimited), pollIntervalMs (-1: none), status
 # (an index into STATUSES), the lengths of owner and server; then owner, server and body.
