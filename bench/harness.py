@@ -3,7 +3,7 @@
 Everything lives under one temporary directory (NATS store, hub data dirs, one log file
 per child) that is removed at the end; every child is stopped by its own PID, servers
 and workers alike, even when a scenario fails. Servers are real processes on loopback
-ports: `taskhub serve` (as `python -m hub.cli serve`, which is what the console script
+ports: `taskhub serve` (as `python -m hub.commands.cli serve`, which is what the console script
 runs), the raw ceiling, the origin baseline and the front door's upstream; load
 generators and writers are separate processes again, so no two parts of a measurement
 share a core by design.
@@ -36,7 +36,7 @@ from bench.peers.tree import ProcessTree
 from bench.ports import free_port
 from bench.processes import Child
 from bridge.jetstream import ensure_bucket, ensure_control_stream
-from hub.embedded_nats import NatsServerProcess
+from hub.commands.embedded_nats import NatsServerProcess
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 Log = Callable[[str], None]
@@ -178,7 +178,7 @@ class Harness:
 
         def args(port: int) -> list[str]:
             return [
-                "-m", "hub.cli", "serve",
+                "-m", "hub.commands.cli", "serve",
                 "--nats-url", self.nats_url,
                 "--bucket", bucket,
                 "--port", str(port),

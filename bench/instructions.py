@@ -93,12 +93,12 @@ async def _probe(target: str, port: int, streams: int, revisions: int) -> None:
         transports.append(transport)
     values = [revision(i) for i in range(revisions + 1)]
     if target == "hub":
-        from hub.cache import TaskCache
-        from hub.detached import DetachedStream
-        from hub.fanout import Fanout
-        from hub.frames import ack_frame
         from hub.metrics import Metrics
-        from hub.subscriber import Subscriber
+        from hub.push.detached import DetachedStream
+        from hub.push.fanout import Fanout
+        from hub.push.sse_frames import ack_frame
+        from hub.push.subscriber import Subscriber
+        from hub.store.cache import TaskCache
 
         metrics = Metrics()
         fanout = Fanout(metrics)

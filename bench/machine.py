@@ -14,7 +14,7 @@ from importlib import metadata
 from typing import Any
 
 from bench.peers.setup import versions as peer_versions
-from hub.embedded_nats import nats_server_binary
+from hub.commands.embedded_nats import nats_server_binary
 
 PACKAGES = (
     "taskhub",

@@ -21,7 +21,7 @@ from typing import Any, BinaryIO
 
 import uvloop
 
-from hub.embedded_nats import die_with_parent
+from hub.commands.embedded_nats import die_with_parent
 
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 _PAGE = os.sysconf("SC_PAGE_SIZE")

@@ -6,7 +6,7 @@ same two hot paths with preformatted bytes: `tasks/get` splices a cached respons
 ack, the current states, then every change as SSE frames in HTTP/1.1 chunks, one write
 per stream per event-loop turn, coalescing per task while the socket is paused. A stream
 that follows one task and is not paused is written in one pass over all such streams of
-that task whose loop runs in C (`map`), as the hub's express lanes are (hub/followers.py).
+that task whose loop runs in C (`map`), as the hub's express lanes are (hub/push/followers.py).
 It validates nothing and authorises nothing, so it bounds what the hub could reach in
 Python; the bench reports the hub as a ratio of it.
 

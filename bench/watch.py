@@ -1,7 +1,7 @@
 """A minimal watch of the task bucket, shared by the raw ceiling and the origin baseline.
 
 Both reference servers must see exactly the task states the hub sees, from the same
-NATS stream, read the way the hub reads them (hub/bucket_watch.py: a push consumer on a
+NATS stream, read the way the hub reads them (hub/store/bucket_watch.py: a push consumer on a
 connection of its own, frames cut without nats-py's subscription path); what they skip is
 everything the hub adds on top (validation, reader rules, metrics). Ready once every value
 stored before the watch began has been applied.
@@ -18,7 +18,7 @@ from nats.aio.client import Client
 from nats.js import api
 
 from bridge.wire import kv_stream
-from hub.bucket_watch import BucketWatch as Feed
+from hub.store.bucket_watch import BucketWatch as Feed
 
 log = logging.getLogger("bench.watch")
 

@@ -162,7 +162,7 @@ _CARRIES = {
 
 def check_task(task: DetailedTask, *, id_syntax: bool = True) -> None:
     """Raise InvalidEnvelope unless `task` is a well-formed DetailedTask variant; an
-    upstream's own task (hub/kept_tasks.py) may name itself outside our id syntax."""
+    upstream's own task (hub/front_door/kept_tasks.py) may name itself outside our id syntax."""
     _checked_created_at(task, id_syntax)
 
 

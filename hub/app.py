@@ -1,6 +1,6 @@
 """Wiring: the ASGI application and its lifespan.
 
-`/mcp` goes straight to its endpoint (hub/endpoint.py), before any Starlette layer, so
+`/mcp` goes straight to its endpoint (hub/mcp/endpoint.py), before any Starlette layer, so
 the JSON-RPC fast path pays for no framework; Starlette serves the health, readiness and
 metrics routes, `GET /tasks/{taskId}`, the operator stream and the dashboard
 (docs/dashboard.md), and runs the lifespan that starts and stops the hub.
@@ -18,26 +18,27 @@ from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from hub import dashboard, jsonrpc
 from hub.config import Config
-from hub.endpoint import JSON, McpEndpoint, Reply, respond
-from hub.forward_call import Forwarding
-from hub.hosts import HostRule
+from hub.front_door.forward_call import Forwarding
+from hub.front_door.upstream import Upstream
+from hub.front_door.upstream_pool import Pool
+from hub.http.hosts import HostRule
 from hub.legacy.endpoint import LegacyEndpoint
 from hub.legacy.sessions import Sessions
-from hub.operator import OperatorStream
+from hub.mcp import jsonrpc
+from hub.mcp.endpoint import JSON, McpEndpoint, Reply, respond
+from hub.mcp.task_reads import get_task, operators_only
+from hub.operators import dashboard
+from hub.operators.sign_in import session
+from hub.operators.stream import OperatorStream
+from hub.push.listen_stream import ListenStream
 from hub.runtime import Hub
-from hub.sign_in import session
-from hub.sse import ListenStream
-from hub.task_reads import get_task, operators_only
-from hub.upstream import Upstream
-from hub.upstream_pool import Pool
 
 log = logging.getLogger("taskhub.http")
 Endpoint = McpEndpoint | LegacyEndpoint
 
 
-# An open hub's answer to a `Host` it does not serve (hub/hosts.py).
+# An open hub's answer to a `Host` it does not serve (hub/http/hosts.py).
 MISDIRECTED = Reply(
     421,
     jsonrpc.encode_error(
@@ -91,7 +92,7 @@ class HubApp:
     def answer_now(
         self, path: str, headers: Mapping[str, str], body: bytes, scope: Scope
     ) -> Reply | ListenStream | Forwarding | None:
-        """For the hub's connections (hub/connection.py): a whole `POST` request, its
+        """For the hub's connections (hub/http/connection.py): a whole `POST` request, its
         headers by lower-case name, answered without an ASGI task when it needs no I/O
         (a listen stream then runs on the connection by itself), or a forward the
         connection runs itself; None otherwise."""

@@ -20,14 +20,14 @@ from urllib.parse import urlsplit
 
 from bridge.events import DEFAULT_SERVICE
 from bridge.wire import DEFAULT_BUCKET, SERVICE_RE
-from hub.auth import AuthSettings, parse_operator_claim
-from hub.cors import normalize_origin
-from hub.embedded_nats import SYNC_ALWAYS, parse_sync
-from hub.fleet_events import load_resource_rule
-from hub.forwarding import Network, parse_trusted_proxies
-from hub.head_limits import HeadLimits, rest_for
-from hub.hosts import host_name
-from hub.upstream import UpstreamSpec
+from hub.commands.embedded_nats import SYNC_ALWAYS, parse_sync
+from hub.front_door.forwarding import Network, parse_trusted_proxies
+from hub.front_door.upstream import UpstreamSpec
+from hub.http.cors import normalize_origin
+from hub.http.head_limits import HeadLimits, rest_for
+from hub.http.hosts import host_name
+from hub.mcp.auth import AuthSettings, parse_operator_claim
+from hub.store.fleet_events import load_resource_rule
 
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 LOOPBACK_HOSTS = frozenset({"localhost", "127.0.0.1", "::1"})
@@ -41,7 +41,7 @@ class Config:
     bucket: str = DEFAULT_BUCKET
     replicas: int = 1
     data_dir: Path = Path(".taskhub")
-    # The snapshot kept here across restarts (hub/checkpoint.py); None = read the bucket.
+    # The snapshot kept here across restarts (hub/store/checkpoint_file.py); None = read the bucket.
     checkpoint: Path | None = None
     # ... written this often while running too (0: only at shutdown), and no more often
     # than 20 times as long as the last write took.
@@ -71,9 +71,9 @@ class Config:
     allowed_origins: tuple[str, ...] = ()
     cors_origins: tuple[str, ...] = ()
     # An open hub answers only these `Host` names besides addresses, localhost, the
-    # public URL's host and the bound host (hub/hosts.py).
+    # public URL's host and the bound host (hub/http/hosts.py).
     allowed_hosts: tuple[str, ...] = ()
-    # Limits (invariants 4 and 5). A request head (hub/head_limits.py): past a limit 414
+    # Limits (invariants 4 and 5). A request head (hub/http/head_limits.py): past a limit 414
     # or 431, and the connection closes.
     max_head_bytes: int = 32 * 1024
     max_field_bytes: int = 8 * 1024
@@ -97,7 +97,7 @@ class Config:
     nats_tls_cert: Path | None = None
     nats_tls_key: Path | None = None
     # NATS failure detection: a PING this often, the connection dropped after this many
-    # unanswered (hub/nats_source.py; /readyz is 503 while disconnected).
+    # unanswered (hub/store/source.py; /readyz is 503 while disconnected).
     nats_ping_interval: float = 1.0
     nats_max_pings: int = 2
     # Listen streams whose client has not read for this long are closed (dead peers).
@@ -108,20 +108,21 @@ class Config:
     shutdown_grace: float = 5.0
     # How often expired tasks are swept from memory (reads check expiry themselves).
     expiry_sweep_interval: float = 1.0
-    # The front door (hub/upstream.py): MCP servers whose other methods the hub forwards.
+    # The front door (hub/front_door/upstream.py): MCP servers whose other methods the hub forwards.
     upstreams: tuple[UpstreamSpec, ...] = ()
     upstream_timeout: float = 30.0
     # ... each caller (principal, or client address) with at most this many requests in
     # flight, and answers read whole holding at most this many bytes at once (429, 503).
     max_forwards_per_caller: int = 100
     max_upstream_buffer_bytes: int = 256 << 20
-    # Tasks an upstream keeps itself (hub/upstream_tasks.py): kept until their TTL, else
+    # Tasks an upstream keeps itself (hub/front_door/upstream_tasks.py): kept until their TTL, else
     # this long after they were last observed, and at most this many.
     upstream_task_retention: float = 86_400.0
     max_upstream_tasks: int = 100_000
-    # Peers whose X-Forwarded-*, Forwarded and X-Real-IP the hub keeps (hub/forwarding.py).
+    # Peers whose X-Forwarded-*, Forwarded and X-Real-IP the hub keeps
+    # (hub/front_door/forwarding.py).
     trusted_proxies: tuple[Network, ...] = ()
-    # Who may follow which resource URIs on a listen stream (hub/fleet_events.py).
+    # Who may follow which resource URIs on a listen stream (hub/store/fleet_events.py).
     resource_rule: str | None = None
 
     @property
@@ -156,7 +157,7 @@ class Config:
 
     @property
     def host_names(self) -> tuple[str, ...]:
-        """The names an open hub answers for besides IP addresses (hub/hosts.py)."""
+        """The names an open hub answers for besides IP addresses (hub/http/hosts.py)."""
         names = ["localhost", self.host, *self.allowed_hosts]
         if self.public_url is not None:
             names.append(urlsplit(self.public_url).hostname or "")
@@ -188,7 +189,8 @@ class Config:
 
     def nats_plain_options(self) -> dict[str, Any]:
         """`nats_options` as JSON carries them, TLS as its files (`connect_options` makes
-        the context): what the first read's worker process is given (hub/first_read_worker.py)."""
+        the context): what the first read's worker process is given
+        (hub/store/first_read/worker.py)."""
         options: dict[str, Any] = {
             # A frozen or unreachable server is noticed after about (pings + 1) intervals,
             # not nats-py's 2 x 120 s: the connection drops and /readyz turns 503.

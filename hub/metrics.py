@@ -117,7 +117,7 @@ class Metrics:
         self.streams_closed = Counter(
             "taskhub_streams_closed_total", "listen streams ended, by reason", ("reason",)
         )
-        # Which way the work went (hub/connection.py): operators see the fast paths are on.
+        # Which way the work went (hub/http/connection.py): operators see the fast paths are on.
         self.answered_in_place = Counter(
             "taskhub_answered_in_place_total",
             "POST /mcp requests answered by the connection, without an ASGI task",
@@ -128,7 +128,7 @@ class Metrics:
             "direct: a task with direct socket writes; asgi: ASGI send)",
             ("writer",),
         )
-        # The front door (hub/upstream.py).
+        # The front door (hub/front_door/upstream.py).
         self.upstream_requests = Counter(
             "taskhub_upstream_requests_total",
             "requests forwarded to an upstream MCP server, by upstream and outcome",
@@ -151,7 +151,7 @@ class Metrics:
         self.operator_streams = Gauge("taskhub_operator_streams", "open operator streams")
         self.cached_tasks = Gauge("taskhub_cached_tasks", "tasks in the snapshot cache")
         self.ready = Gauge("taskhub_ready", "1 when NATS is connected and the cache caught up")
-        # Durability the hub can observe (hub/nats_source.py, read at start-up).
+        # Durability the hub can observe (hub/store/source.py, read at start-up).
         self.bucket_replicas = Gauge(
             "taskhub_bucket_replicas", "replicas of the task bucket's stream (0 before known)"
         )

@@ -12,18 +12,18 @@ import logging
 import time
 from collections.abc import Callable
 
-from hub.auth import Authenticator
-from hub.cache import Rejected, TaskCache, TaskSnapshot
 from hub.config import Config
-from hub.fanout import Fanout
-from hub.fleet_events import EventSource, load_resource_rule
-from hub.fleet_view import FLEET_EVERY_S, FleetView
-from hub.limits import PollLimiter, StreamLimiter
+from hub.front_door.upstream_events import UpstreamEvents
+from hub.front_door.upstream_tasks import UpstreamTasks
+from hub.mcp.auth import Authenticator
+from hub.mcp.limits import PollLimiter, StreamLimiter
 from hub.metrics import Metrics
-from hub.nats_source import NatsSource
-from hub.upstream_events import UpstreamEvents
-from hub.upstream_tasks import UpstreamTasks
-from hub.watcher import Watcher, sse_event
+from hub.operators.fleet_view import FLEET_EVERY_S, FleetView
+from hub.operators.watcher import Watcher, sse_event
+from hub.push.fanout import Fanout
+from hub.store.cache import Rejected, TaskCache, TaskSnapshot
+from hub.store.fleet_events import EventSource, load_resource_rule
+from hub.store.source import NatsSource
 
 log = logging.getLogger("taskhub")
 
@@ -69,7 +69,7 @@ class Hub:
             config.max_streams_per_principal if config.auth_enabled else config.max_streams
         )
         self.streams = StreamLimiter(config.max_streams, per_principal)
-        # Tasks upstreams keep themselves (the front door's; hub/upstream_tasks.py).
+        # Tasks upstreams keep themselves (the front door's; hub/front_door/upstream_tasks.py).
         self.upstream_tasks = UpstreamTasks(
             auth=config.auth_enabled,
             retention=config.upstream_task_retention,

@@ -24,7 +24,7 @@ import httpx
 import nats
 from nats.js import api
 
-from hub.embedded_nats import NatsServerProcess, die_with_parent
+from hub.commands.embedded_nats import NatsServerProcess, die_with_parent
 from tests.helpers import eventually, free_port
 from tests.tcp_proxy import TcpProxy
 
@@ -281,7 +281,7 @@ class PartitionableCluster(NatsCluster):
 
 def taskhub_command() -> list[str]:
     script = shutil.which("taskhub")
-    return [script] if script else [sys.executable, "-m", "hub.cli"]
+    return [script] if script else [sys.executable, "-m", "hub.commands.cli"]
 
 
 class HubProcess:

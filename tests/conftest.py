@@ -14,7 +14,7 @@ import nats
 import pytest
 
 from bridge.jetstream import ensure_bucket, ensure_control_stream
-from hub.embedded_nats import NatsServerProcess
+from hub.commands.embedded_nats import NatsServerProcess
 from tests.helpers import HubHarness, start_hub
 
 

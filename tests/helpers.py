@@ -294,11 +294,11 @@ async def listening(
 async def start_hub(
     nats_url: str, bucket: str, data_dir: Path, *, asgi_only: bool = False, **overrides: Any
 ) -> HubHarness:
-    """A hub app on uvicorn with the hub's connection protocol (hub/connection.py), or
+    """A hub app on uvicorn with the hub's connection protocol (hub/http/connection.py), or
     with `asgi_only` on uvicorn's own, as under any other ASGI server (no direct writes,
     no header deadline). `start_served_hub` runs the whole `taskhub serve` server."""
     from hub.app import create_app  # late: unit tests import these helpers too
-    from hub.connection import hub_protocol
+    from hub.http.connection import hub_protocol
 
     config = Config(port=0, bucket=bucket, nats_url=nats_url, data_dir=data_dir, **overrides)
     hub = Hub(config, nats_url)
@@ -353,10 +353,10 @@ def envelope(
 async def start_served_hub(
     nats_url: str, bucket: str, data_dir: Path, **overrides: Any
 ) -> HubHarness:
-    """A hub run exactly as `taskhub serve` runs one (`hub.cli.build_server`: the header
+    """A hub run exactly as `taskhub serve` runs one (`hub.commands.cli.build_server`: the header
     connection protocol, keep-alive and concurrency limits), on a free loopback port in
     this event loop."""
-    from hub.cli import build_server  # late: unit tests import these helpers too
+    from hub.commands.cli import build_server  # late: unit tests import these helpers too
 
     overrides.setdefault("log_level", "warning")
     config = Config(port=0, bucket=bucket, nats_url=nats_url, data_dir=data_dir, **overrides)

@@ -1,4 +1,4 @@
-"""hub/auth.py, verifying a token: which JWTs pass, and for each refused one the fixed
+"""hub/mcp/auth.py, verifying a token: which JWTs pass, and for each refused one the fixed
 invalid_token reason, which never carries token bytes into a header or a log.
 
 Every token and JWK is built by hand (tests/tokens.py), never by joserfc, the library the
@@ -20,7 +20,7 @@ from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hub.auth import (
+from hub.mcp.auth import (
     Authenticator,
     AuthError,
     Identity,

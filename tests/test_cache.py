@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hub.cache import RECENT_SNAPSHOTS, CachePart, Rejected, TaskCache, TaskSnapshot, pack
+from hub.store.cache import RECENT_SNAPSHOTS, CachePart, Rejected, TaskCache, TaskSnapshot, pack
 from tests.helpers import envelope, new_task_id
 
 STATUSES = ["working", "input_required", "completed", "failed", "cancelled"]
@@ -404,7 +404,7 @@ def _part_of(r: Recorder) -> bytes:
 
 
 def test_a_part_read_elsewhere_comes_over_whole_and_silently() -> None:
-    """A first read's later half (hub/first_read_worker.py): tasks, expiry, server counts,
+    """A first read's later half (hub/store/first_read/worker.py): tasks, expiry, server counts,
     tombstones and refusals come over; listeners hear of none of the bulk."""
     here, there = Recorder(), Recorder()
     mine, theirs = [new_task_id() for _ in range(3)], [new_task_id() for _ in range(4)]

@@ -1,5 +1,5 @@
-"""The checkpoint file (hub/checkpoint.py): what is written is read back whole, and a file
-that is not whole, or not of this stream, is set aside rather than trusted."""
+"""The checkpoint file (hub/store/checkpoint_file.py): what is written is read back whole, and a
+file that is not whole, or not of this stream, is set aside rather than trusted."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hub import checkpoint
-from hub.cache import STATUSES, TaskCache, TaskSnapshot, pack, unpack
+from hub.store import checkpoint_file
+from hub.store.cache import STATUSES, TaskCache, TaskSnapshot, pack, unpack
 from tests.helpers import envelope, new_task_id
 
 NOW = 1_767_225_600.0  # 2026-01-01T00:00:00Z
@@ -36,19 +36,19 @@ def task(status: str = "working", **fields: object) -> tuple[str, bytes]:
 
 def write(path: Path, cache: TaskCache, seq: int = 10) -> None:
     task_ids, packed = cache.packed()
-    checkpoint.write(path, seq=seq, task_ids=task_ids, packed=packed, **STREAM)
+    checkpoint_file.write(path, seq=seq, task_ids=task_ids, packed=packed, **STREAM)
 
 
 def read(
     path: Path, last_seq: int = 10, stream: dict[str, str] | None = None
-) -> checkpoint.Checkpoint | None:
+) -> checkpoint_file.Checkpoint | None:
     at = {**STREAM, **(stream or {})}
-    return checkpoint.read(
+    return checkpoint_file.read(
         path, bucket=at["bucket"], stream_created=at["stream_created"], last_seq=last_seq
     )
 
 
-def restored(saved: checkpoint.Checkpoint | None, now: float = NOW) -> TaskCache:
+def restored(saved: checkpoint_file.Checkpoint | None, now: float = NOW) -> TaskCache:
     assert saved is not None
     cache = TaskCache(clock=lambda: now)
     cache.restore(saved.task_ids, saved.packed)
@@ -106,7 +106,9 @@ def test_any_packed_tasks_come_back_equal(
     ]
     packed = [pack(s) for s in snapshots]
     assert [unpack(s.task_id, p) for s, p in zip(snapshots, packed, strict=True)] == snapshots
-    checkpoint.write(path, seq=1, task_ids=[s.task_id for s in snapshots], packed=packed, **STREAM)
+    checkpoint_file.write(
+        path, seq=1, task_ids=[s.task_id for s in snapshots], packed=packed, **STREAM
+    )
     again = restored(read(path))
     assert [again.get(s.task_id) for s in snapshots] == snapshots
 
@@ -134,7 +136,7 @@ def test_a_failed_write_keeps_the_old_file(tmp_path: Path) -> None:
     first = task()
     write(path, cache_of(first))
     with pytest.raises(TypeError):  # not bytes: the encoder fails half-way
-        checkpoint.write(path, seq=10, task_ids=["x"], packed=[object()], **STREAM)  # type: ignore[list-item]
+        checkpoint_file.write(path, seq=10, task_ids=["x"], packed=[object()], **STREAM)  # type: ignore[list-item]
     again = restored(read(path))
     assert again.get(first[0]) is not None
     assert sorted(os.listdir(tmp_path)) == ["snapshot"]
@@ -178,7 +180,7 @@ def test_a_file_of_another_layout_is_set_aside(
     tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     path = tmp_path / "snapshot"
-    monkeypatch.setattr(checkpoint, "LAYOUT", "<QdqBHH working")  # as an older hub wrote
+    monkeypatch.setattr(checkpoint_file, "LAYOUT", "<QdqBHH working")  # as an older hub wrote
     write(path, cache_of(task()))
     monkeypatch.undo()
     with caplog.at_level(logging.WARNING, "taskhub.checkpoint"):
@@ -194,7 +196,7 @@ def test_a_checksummed_file_of_the_wrong_shape_is_set_aside(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     path = tmp_path / "snapshot"
-    path.write_bytes(checkpoint.MAGIC + record(b"\x93\x01\x02\x03"))  # msgpack, not a head
+    path.write_bytes(checkpoint_file.MAGIC + record(b"\x93\x01\x02\x03"))  # msgpack, not a head
     with caplog.at_level(logging.WARNING, "taskhub.checkpoint"):
         assert read(path) is None
     assert "cannot be decoded" in caplog.text
@@ -203,7 +205,7 @@ def test_a_checksummed_file_of_the_wrong_shape_is_set_aside(
 def test_tasks_written_a_slice_at_a_time_come_back_whole(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(checkpoint, "SLICE", 2)
+    monkeypatch.setattr(checkpoint_file, "SLICE", 2)
     path = tmp_path / "snapshot"
     cache = cache_of(*(task() for _ in range(7)))
     write(path, cache)
@@ -212,7 +214,7 @@ def test_tasks_written_a_slice_at_a_time_come_back_whole(
     # Four records of tasks and the end: any one missing is a file cut short.
     data = path.read_bytes()
     records = []
-    at = len(checkpoint.MAGIC)
+    at = len(checkpoint_file.MAGIC)
     while at < len(data):
         length = int.from_bytes(data[at : at + 4], "big")
         records.append(data[at : at + 8 + length])
@@ -220,7 +222,7 @@ def test_tasks_written_a_slice_at_a_time_come_back_whole(
     assert len(records) == 1 + 4 + 1
     for missing in range(1, len(records)):
         kept = records[:missing] + records[missing + 1 :]
-        path.write_bytes(checkpoint.MAGIC + b"".join(kept))
+        path.write_bytes(checkpoint_file.MAGIC + b"".join(kept))
         assert read(path) is None, f"record {missing} left out went unnoticed"
 
 
@@ -228,7 +230,7 @@ def test_an_abandoned_write_leaves_the_old_file(tmp_path: Path) -> None:
     path = tmp_path / "snapshot"
     first = cache_of(task())
     write(path, first)
-    writer = checkpoint.Writer(path, seq=11, **STREAM)
+    writer = checkpoint_file.Writer(path, seq=11, **STREAM)
     writer.add(*cache_of(task(), task()).packed())
     writer.abandon()
     assert restored(read(path)).packed() == first.packed()
@@ -324,6 +326,6 @@ def test_temporary_files_of_dead_writers_are_removed(tmp_path: Path) -> None:
     other = tmp_path / ".other.1.0.tmp"
     for leftover in (mine, theirs, living, other):
         leftover.write_bytes(b"half a checkpoint")
-    assert checkpoint.remove_leftovers(path) == 2
+    assert checkpoint_file.remove_leftovers(path) == 2
     assert sorted(os.listdir(tmp_path)) == sorted(["snapshot", living.name, other.name])
     assert read(path) is not None

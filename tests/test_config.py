@@ -90,7 +90,7 @@ def test_the_readme_documents_every_option() -> None:
 
 
 def test_upstreams_come_from_repeated_flags_or_the_environment() -> None:
-    from hub.upstream import UpstreamSpec
+    from hub.front_door.upstream import UpstreamSpec
 
     config = config_from_args(
         ["--upstream", "http://a:1/mcp", "--upstream", "b=http://b/mcp,c=https://c/mcp?x=1"],
@@ -132,7 +132,7 @@ def test_bad_upstreams_and_resource_rules_are_refused(
 
 
 def test_the_edge_limits_come_from_flags_and_the_environment() -> None:
-    from hub.head_limits import HeadLimits
+    from hub.http.head_limits import HeadLimits
 
     assert Config().head_limits == HeadLimits(target=8192, field=8192, fields=100, head=32768)
     config = config_from_args(

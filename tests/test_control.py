@@ -31,7 +31,7 @@ from bridge.wire import (
     control_subject,
     encode,
 )
-from hub.embedded_nats import NatsServerProcess
+from hub.commands.embedded_nats import NatsServerProcess
 from tests.helpers import eventually
 
 ELICIT: dict[str, Any] = {

@@ -1,4 +1,4 @@
-"""hub/cors.py: preflight and response headers for allow-listed origins, nothing for others."""
+"""hub/http/cors.py: preflight and response headers for allow-listed origins, nothing for others."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from starlette.datastructures import Headers
 
-from hub.cors import (
+from hub.http.cors import (
     is_preflight,
     normalize_origin,
     preflight_headers,

@@ -16,11 +16,11 @@ import pytest
 from bridge import TaskBridge
 from bridge.jetstream import ensure_bucket, ensure_control_stream
 from bridge.wire import DEFAULT_BUCKET, kv_stream
-from hub.cache import TaskCache
+from hub.commands.embedded_nats import NatsServerProcess, nats_server_binary
 from hub.config import Config
-from hub.embedded_nats import NatsServerProcess, nats_server_binary
 from hub.metrics import Metrics
-from hub.nats_source import NatsSource, read_sync_policy
+from hub.store.cache import TaskCache
+from hub.store.source import NatsSource, read_sync_policy
 from tests.helpers import eventually, free_port
 from tests.test_deploy import DEPLOY, NATS_CONFIGS, env_example
 

@@ -10,11 +10,11 @@ import asyncio
 import json
 
 from bridge import vocabulary
-from hub.cache import TaskSnapshot
-from hub.fanout import Fanout
-from hub.frames import notification_prefix, task_frames
 from hub.metrics import Metrics
-from hub.subscriber import EndReason, StreamState, Subscriber, flush_all
+from hub.push.fanout import Fanout
+from hub.push.sse_frames import notification_prefix, task_frames
+from hub.push.subscriber import EndReason, StreamState, Subscriber, flush_all
+from hub.store.cache import TaskSnapshot
 
 
 def take(sub: Subscriber) -> list[TaskSnapshot]:

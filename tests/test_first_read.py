@@ -9,8 +9,8 @@ import itertools
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hub.first_read import FirstRead
-from hub.frame_cutter import (
+from hub.store.first_read.reader import FirstRead
+from hub.store.nats_frames import (
     Frame,
     FrameCutter,
     delivery_sequences,

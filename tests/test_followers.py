@@ -1,18 +1,18 @@
-"""The express lane (hub/followers.py): who rides it, what it writes, and that a change
+"""The express lane (hub/push/followers.py): who rides it, what it writes, and that a change
 goes either to the lane or to backlogs, once, whenever a stream joins or leaves.
 
-Streams write to a stand-in channel that keeps the contract of hub/detached.py: it stops
+Streams write to a stand-in channel that keeps the contract of hub/push/detached.py: it stops
 taking writes only after telling its subscriber (`leave_lane`)."""
 
 from __future__ import annotations
 
 import asyncio
 
-from hub.cache import TaskSnapshot
-from hub.fanout import Fanout
-from hub.frames import task_frames
 from hub.metrics import Metrics
-from hub.subscriber import EndReason, StreamState, Subscriber
+from hub.push.fanout import Fanout
+from hub.push.sse_frames import task_frames
+from hub.push.subscriber import EndReason, StreamState, Subscriber
+from hub.store.cache import TaskSnapshot
 from tests.test_fanout import Channel, next_turn
 
 

@@ -1,4 +1,5 @@
-"""hub/forwarding.py: the head the front door sends upstream, and the answer's it returns."""
+"""hub/front_door/forwarding.py: the head the front door sends upstream, and the answer's it
+returns."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from hub.forwarding import (
+from hub.front_door.forwarding import (
     OutgoingHeads,
     TrustedProxies,
     caller_address,
@@ -95,7 +96,7 @@ def test_the_hubs_cookie_stays_home_and_others_pass() -> None:
 
 
 def test_the_answer_loses_hop_by_hop_cors_framing_and_the_hubs_cookie() -> None:
-    out = response_headers(  # names in lower case, as hub/upstream_http.py reads them
+    out = response_headers(  # names in lower case, as hub/front_door/upstream_http.py reads them
         [
             (b"content-type", b"application/json"),
             (b"connection", b"close, X-Hop"),

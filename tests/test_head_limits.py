@@ -1,10 +1,10 @@
-"""hub/head_limits.py: what refuses a head, once its parts are in."""
+"""hub/http/head_limits.py: what refuses a head, once its parts are in."""
 
 from __future__ import annotations
 
 import pytest
 
-from hub.head_limits import HeadLimits, judge, rest_for
+from hub.http.head_limits import HeadLimits, judge, rest_for
 
 LIMITS = HeadLimits(target=10, field=10, fields=3, head=100)
 

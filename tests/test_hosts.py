@@ -1,4 +1,4 @@
-"""hub/hosts.py: the Host names an open hub answers (its guard against DNS rebinding)."""
+"""hub/http/hosts.py: the Host names an open hub answers (its guard against DNS rebinding)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from hub.config import Config, config_from_args
-from hub.hosts import MEMO, HostRule
+from hub.http.hosts import MEMO, HostRule
 
 RULE = HostRule(Config(public_url="https://hub.example:8443").host_names)
 

@@ -1,4 +1,5 @@
-"""The record of tasks an upstream keeps (hub/kept_tasks.py): order, finality, bounds, hashes."""
+"""The record of tasks an upstream keeps (hub/front_door/kept_tasks.py): order, finality, bounds,
+hashes."""
 
 from __future__ import annotations
 
@@ -7,14 +8,14 @@ from typing import Any
 import msgspec
 import pytest
 
-from hub.cache import TaskSnapshot
-from hub.kept_tasks import (
+from hub.front_door.kept_tasks import (
     AUTHORIZED_KEPT,
     CredentialHasher,
     ForeignTaskError,
     KeptTasks,
     task_from_result,
 )
+from hub.store.cache import TaskSnapshot
 
 CREATED = "2026-12-06T10:00:00+00:00"
 NOW = 1_796_551_200.0  # 2026-12-06T10:00:00Z

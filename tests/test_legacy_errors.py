@@ -7,7 +7,6 @@ from typing import Any
 
 import pytest
 
-from hub import jsonrpc
 from hub.legacy.errors import (
     Refusal,
     check_get_accept,
@@ -19,6 +18,7 @@ from hub.legacy.errors import (
     method_error,
     session_not_found,
 )
+from hub.mcp import jsonrpc
 
 
 def test_a_method_error_carries_its_code_in_the_message_once() -> None:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from hub.cli import main
+from hub.commands.cli import main
 
 ROOT = Path(__file__).resolve().parent.parent
 MOVED = ("configuration", "endpoint", "bridge", "production", "performance")

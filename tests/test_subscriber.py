@@ -1,10 +1,10 @@
-"""hub/subscriber.py: a listen stream's states, its transitions and why it ended."""
+"""hub/push/subscriber.py: a listen stream's states, its transitions and why it ended."""
 
 from __future__ import annotations
 
 import pytest
 
-from hub.subscriber import EndReason, StreamState, Subscriber
+from hub.push.subscriber import EndReason, StreamState, Subscriber
 
 
 class Channel:

@@ -1,4 +1,5 @@
-"""hub/tail_view.py: the shared view rules, the view's folding of events, and its drawings."""
+"""hub/operators/tail_view.py: the shared view rules, the view's folding of events, and its
+drawings."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ import msgspec
 import pytest
 from rich.console import Console
 
-from hub import tail_view
-from hub.tail_view import (
+from hub.operators import tail_view
+from hub.operators.tail_view import (
     Entry,
     Fleet,
     FleetServer,

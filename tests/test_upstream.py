@@ -1,4 +1,5 @@
-"""hub/upstream.py's pure part: the SSE reader the legacy door reads an upstream's answer with."""
+"""hub/front_door/upstream.py's pure part: the SSE reader the legacy door reads an upstream's
+answer with."""
 
 from __future__ import annotations
 
@@ -8,8 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from hub.event_reader import EventReader, EventTooLarge
-from hub.upstream_pool import READ_SIZE, Pool
+from hub.front_door.event_reader import EventReader, EventTooLarge
+from hub.front_door.upstream_pool import READ_SIZE, Pool
 
 STREAM = (
     b": a comment\r\n"

@@ -1,4 +1,5 @@
-"""The front door's HTTP/1.1 client (hub/upstream_http.py) against raw upstreams on loopback.
+"""The front door's HTTP/1.1 client (hub/front_door/upstream_http.py) against raw upstreams on
+loopback.
 
 Each upstream here is a real socket server that answers with exactly the bytes a test
 gives it, so the client's pooling, framing, stray-byte, coding, limit and timeout rules
@@ -16,10 +17,17 @@ from dataclasses import dataclass, field
 
 import pytest
 
+from hub.front_door.upstream import MAX_JSON_REPLY, Upstream, UpstreamError, UpstreamSpec
+from hub.front_door.upstream_http import (
+    HIGH_WATER,
+    MAX_HEAD_BYTES,
+    Client,
+    Origin,
+    Response,
+    UpstreamFault,
+)
+from hub.front_door.upstream_pool import Pool
 from hub.metrics import Metrics
-from hub.upstream import MAX_JSON_REPLY, Upstream, UpstreamError, UpstreamSpec
-from hub.upstream_http import HIGH_WATER, MAX_HEAD_BYTES, Client, Origin, Response, UpstreamFault
-from hub.upstream_pool import Pool
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -1,4 +1,4 @@
-"""The contract between hub/uvicorn_internals.py and the installed uvicorn.
+"""The contract between hub/http/uvicorn_internals.py and the installed uvicorn.
 
 The adapter reaches into uvicorn's httptools protocol and its request cycle. These
 tests pin what it relies on, so an upgrade that changes any of it fails here, naming
@@ -23,7 +23,7 @@ from starlette.types import Receive, Scope, Send
 from uvicorn.protocols.http.flow_control import FlowControl
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
-from hub import uvicorn_internals as uv
+from hub.http import uvicorn_internals as uv
 from tests.helpers import Served, serve_app
 
 BODY = b'{"jsonrpc":"2.0","id":1,"result":{"resultType":"complete"}}'
@@ -31,7 +31,7 @@ HEADERS = [(b"content-type", b"application/json"), (b"x-test", b"1")]
 CHUNKS = [b"data: one\n\n", b"data: two\n\n"]
 
 # What the adapter repeats of uvicorn, as verified (uvicorn 0.54.0): a change to one of
-# these needs a reading of the new code against hub/uvicorn_internals.py, then a new
+# these needs a reading of the new code against hub/http/uvicorn_internals.py, then a new
 # fingerprint here.
 VERIFIED = {
     "HttpToolsProtocol.__init__": "6d66a1c9",
@@ -65,7 +65,7 @@ def test_the_methods_the_adapter_repeats_are_the_verified_ones(name: str) -> Non
     found = fingerprint(getattr(cls[owner], method))
     assert found == VERIFIED[name], (
         f"uvicorn {uvicorn.__version__} changed {name} (fingerprint {found}); read it against "
-        "hub/uvicorn_internals.py before widening the pinned range"
+        "hub/http/uvicorn_internals.py before widening the pinned range"
     )
 
 

@@ -113,7 +113,8 @@ def run(data_dir: Path, decline: bool) -> int:
         upstreams = [f"--upstream={name}=http://127.0.0.1:{ports[name]}/mcp" for name in SERVERS]
         processes.start(
             "taskhub",
-            *("-m", "hub.cli", "serve", "--port", str(hub_port), "--data-dir", str(data_dir)),
+            *("-m", "hub.commands.cli", "serve", "--port", str(hub_port)),
+            *("--data-dir", str(data_dir)),
             *upstreams,
         )
         nats_url = wait_for("embedded NATS", read_file(data_dir / "nats" / "url"), processes)

@@ -29,14 +29,11 @@ import msgspec
 from starlette.types import Receive, Scope, Send
 
 from bridge.wire import UpdateMessage, control_message_id, encode
-from hub import jsonrpc
-from hub.auth import AuthError, Identity
-from hub.cors import is_preflight, preflight_headers
-from hub.cors import response_headers as cors_response_headers
-from hub.endpoint import BodyError, Reply, authenticate, caller_of, read_body, upstreams_task
-from hub.forwarding import TrustedProxies
-from hub.handlers import find_task
-from hub.headers import encode_header_value, encode_headers, header_map
+from hub.front_door.forwarding import TrustedProxies
+from hub.front_door.upstream import Upstream, UpstreamError
+from hub.front_door.upstream_tasks import REQUEST_META, Caller
+from hub.http.cors import is_preflight, preflight_headers
+from hub.http.cors import response_headers as cors_response_headers
 from hub.legacy import errors, kept, methods
 from hub.legacy.errors import Refusal
 from hub.legacy.notifications import status_stream
@@ -53,10 +50,13 @@ from hub.legacy.vocabulary import (
     modern_params,
     plain_result,
 )
-from hub.nats_source import StoreUnavailable
+from hub.mcp import jsonrpc
+from hub.mcp.auth import AuthError, Identity
+from hub.mcp.endpoint import BodyError, Reply, authenticate, caller_of, read_body, upstreams_task
+from hub.mcp.handlers import find_task
+from hub.mcp.routing_headers import encode_header_value, encode_headers, header_map
 from hub.runtime import Hub
-from hub.upstream import Upstream, UpstreamError
-from hub.upstream_tasks import REQUEST_META, Caller
+from hub.store.source import StoreUnavailable
 
 RawHeaders = list[tuple[bytes, bytes]]
 JSON = (b"content-type", b"application/json")

@@ -22,9 +22,9 @@ from typing import Any
 
 import msgspec
 
-from hub import jsonrpc
-from hub.jsonrpc import RpcError, shorten
 from hub.legacy.vocabulary import LEGACY_VERSION
+from hub.mcp import jsonrpc
+from hub.mcp.jsonrpc import RpcError, shorten
 
 RawHeaders = list[tuple[bytes, bytes]]
 # The SDK transport's codes: -32000 for what JSON-RPC has no code for, -32001 for a session.

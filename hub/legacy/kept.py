@@ -1,11 +1,11 @@
 """The 2025-11-25 door's side of tasks an upstream keeps (docs/front-door.md).
 
 The door translates its `tasks/get`, `tasks/cancel`, `tasks/result`, `tasks/list` and the
-answers to input requests for such a task into the modern requests `hub/upstream_tasks.py`
-serves: read through its cache with the caller's own credential, steered at the upstream,
-followed by polling while a `tasks/result` waits. The rules are the modern door's: a task
-is read only for a caller the upstream answered, and a credential only while its request
-is being served.
+answers to input requests for such a task into the modern requests
+`hub/front_door/upstream_tasks.py` serves: read through its cache with the caller's own credential,
+steered at the upstream, followed by polling while a `tasks/result` waits. The rules are the modern
+door's: a task is read only for a caller the upstream answered, and a credential only while its
+request is being served.
 """
 
 from __future__ import annotations
@@ -16,12 +16,12 @@ from typing import Any
 
 import msgspec
 
-from hub import jsonrpc
-from hub.auth import Identity
-from hub.cache import TaskSnapshot
+from hub.front_door.upstream import Upstream
+from hub.front_door.upstream_tasks import Caller, PassThrough, own_request_headers
+from hub.mcp import jsonrpc
+from hub.mcp.auth import Identity
 from hub.runtime import Hub
-from hub.upstream import Upstream
-from hub.upstream_tasks import Caller, PassThrough, own_request_headers
+from hub.store.cache import TaskSnapshot
 
 RawHeaders = list[tuple[bytes, bytes]]
 

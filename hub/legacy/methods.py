@@ -17,12 +17,12 @@ from typing import Any
 import msgspec
 
 from bridge.wire import CancelMessage, control_message_id, encode
-from hub import jsonrpc
-from hub.cache import TaskSnapshot
-from hub.handlers import find_task
 from hub.legacy.vocabulary import legacy_status, legacy_task
-from hub.nats_source import StoreUnavailable
+from hub.mcp import jsonrpc
+from hub.mcp.handlers import find_task
 from hub.runtime import Hub
+from hub.store.cache import TaskSnapshot
+from hub.store.source import StoreUnavailable
 
 LIST_PAGE = 50
 CANCEL_WAIT_S = 10.0  # tasks/cancel waits this long for the server to cancel

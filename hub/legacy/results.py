@@ -18,9 +18,9 @@ from typing import Any
 import msgspec
 from starlette.types import Receive, Send
 
-from hub import jsonrpc
 from hub.legacy.errors import error_object, method_error
 from hub.legacy.vocabulary import RELATED_TASK_KEY, task_outcome
+from hub.mcp import jsonrpc
 from hub.runtime import Hub
 
 _INPUT_PREFIX = "taskhub-input:"

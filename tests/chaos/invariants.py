@@ -16,13 +16,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from hub.jsonrpc import INTERNAL_ERROR
+from hub.mcp.jsonrpc import INTERNAL_ERROR
 from tests.chaos.history import GetAnswer, History, Session
 from tests.chaos.workload import ENDINGS, NO_ANSWER, rank
 
 # A -32603 is excused from a fault's start until this long after it settled: a read the hub
 # began before that may go on asking NATS for CONFIRM_MISS_S, its last ask waiting up to one
-# request timeout (hub/nats_source.py, 2 s each).
+# request timeout (hub/store/source.py, 2 s each).
 FAULT_GRACE_S = 5.0
 HUB_RSS_CAP_MB = 128.0  # every sample of every hub
 # Growth after warm-up: the least-squares slope over the samples from WARMUP_S after a

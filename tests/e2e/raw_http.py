@@ -18,7 +18,7 @@ from typing import Any
 
 import httpx
 
-from hub.upstream import UpstreamSpec
+from hub.front_door.upstream import UpstreamSpec
 from tests.e2e.test_front_door import chunk, sse_head
 from tests.e2e.test_serve import taskhub_command
 from tests.helpers import HubHarness, eventually, free_port, headers_for, rpc, start_served_hub
@@ -54,7 +54,7 @@ def post_head(*fields: str, target: str = "/mcp") -> bytes:
 
 
 def discover_request(*fields: str, chunked: bool = False) -> bytes:
-    """A whole `server/discover`; `chunked`, it never takes the fast lane."""
+    """A whole `server/discover`; `chunked`, it never takes the whole-post path."""
     body = rpc("server/discover", id="d")
     encoded = httpx.Request("POST", "http://x", json=body).content
     headers = [f"{name}: {value}" for name, value in headers_for(body).items()]

@@ -18,7 +18,7 @@ import pytest
 from nats.js import api
 
 from bridge.wire import kv_stream, kv_subject
-from hub.bucket_watch import BucketWatch
+from hub.store.bucket_watch import BucketWatch
 from tests.helpers import envelope, eventually, free_port, new_task_id, start_hub
 from tests.nats_proxy import NatsProxy
 

@@ -19,7 +19,7 @@ from nats.js.errors import KeyNotFoundError
 
 from bridge.jetstream import ensure_bucket
 from bridge.wire import kv_stream, kv_subject
-from hub import checkpoint
+from hub.store import checkpoint_file
 from tests.e2e.test_serve import taskhub_command
 from tests.helpers import HubHarness, envelope, eventually, free_port, new_task_id, start_hub
 
@@ -158,7 +158,7 @@ async def test_a_hub_cut_off_mid_run_restarts_from_its_last_checkpoint_exactly(
 ) -> None:
     """Checkpoints written while tasks change, a slice per loop turn: the file as a power
     cut would leave it, with the writes after it, gives back exactly what the bucket holds."""
-    monkeypatch.setattr(checkpoint, "SLICE", 1)  # a loop turn per task: writes land between
+    monkeypatch.setattr(checkpoint_file, "SLICE", 1)  # a loop turn per task: writes land between
     saved = tmp_path / "snapshot"
     ids = await put_tasks(js, bucket, 400)
     first = await running(nats_url, bucket, tmp_path, saved, 0.05)
@@ -278,7 +278,7 @@ async def test_a_bucket_made_anew_while_running_is_what_the_next_checkpoint_hold
         assert info.created is not None
 
         def holds_the_new_stream() -> bool:
-            saved_now = checkpoint.read(
+            saved_now = checkpoint_file.read(
                 saved,
                 bucket=bucket,
                 stream_created=info.created.isoformat(),
@@ -300,7 +300,7 @@ async def test_a_bucket_made_anew_while_running_is_what_the_next_checkpoint_hold
 async def test_a_stop_during_a_checkpoint_leaves_one_whole_file(
     js: Any, bucket: str, nats_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(checkpoint, "SLICE", 1)  # a write takes hundreds of loop turns
+    monkeypatch.setattr(checkpoint_file, "SLICE", 1)  # a write takes hundreds of loop turns
     saved = tmp_path / "snapshot"
     ids = await put_tasks(js, bucket, 300)
     first = await running(nats_url, bucket, tmp_path, saved, 0.01)

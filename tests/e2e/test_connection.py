@@ -1,4 +1,4 @@
-"""hub/connection.py end to end: what the hub's HTTP connections do beyond uvicorn's.
+"""hub/http/connection.py end to end: what the hub's HTTP connections do beyond uvicorn's.
 
 Whole answers leave in one piece, in order, also when requests are pipelined; a
 request that needs no I/O is answered by the connection itself, without the ASGI app;
@@ -19,9 +19,9 @@ from starlette.types import Receive, Scope, Send
 
 from bridge.wire import kv_subject
 from hub.app import HubApp
-from hub.endpoint import McpEndpoint, Reply
-from hub.forward_call import Forwarding
-from hub.sse import ListenStream
+from hub.front_door.forward_call import Forwarding
+from hub.mcp.endpoint import McpEndpoint, Reply
+from hub.push.listen_stream import ListenStream
 from tests.helpers import (
     HubHarness,
     envelope,
@@ -155,7 +155,7 @@ async def test_pipelined_requests_get_whole_responses_in_order(
 async def test_a_request_split_over_reads_and_one_whole_read_get_the_same_answer(
     served: HubHarness, js: Any, bucket: str
 ) -> None:
-    """The fast lane takes a request that came in one read; one whose body comes in a
+    """The whole-post path takes a request that came in one read; one whose body comes in a
     later read goes through uvicorn's parser, on the same connection, to the same answer."""
     tid = new_task_id()
     await js.publish(kv_subject(bucket, tid), envelope(tid, statusMessage="split"))
@@ -223,7 +223,7 @@ async def test_a_client_that_asks_to_close_gets_connection_close_and_a_hang_up(
 async def raw_listen(
     harness: HubHarness, task_ids: list[str], **extra: str
 ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter, bytes]:
-    """A listen request in one write (so in one read: the fast lane's); the response head."""
+    """A listen request in one write (so in one read: the whole-post path's); the response head."""
     body = rpc("subscriptions/listen", {"notifications": {"taskIds": task_ids}}, id="raw")
     payload = json.dumps(body).encode()
     head = {**headers_for(body), "Host": "127.0.0.1", "Content-Length": str(len(payload)), **extra}
@@ -329,7 +329,7 @@ async def test_a_listen_that_fails_in_place_leaves_nothing_behind_for_the_app(
 ) -> None:
     """If answering in place raises half-way, the app answers the same request; the
     in-place attempt must not leave its subscription (and stream slot) behind."""
-    from hub import handlers
+    from hub.mcp import handlers
 
     tid = new_task_id()
     await js.publish(kv_subject(bucket, tid), envelope(tid))

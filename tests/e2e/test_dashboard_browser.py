@@ -1,4 +1,4 @@
-"""The dashboard (hub/static/) in a real Chromium against a real `taskhub serve` and NATS.
+"""The dashboard (hub/operators/static/) in a real Chromium against a real `taskhub serve` and NATS.
 
 Tasks are written as a server writes them, with the bridge; the page must show each change
 without a reload, open a task's detail (by keyboard), sign in with a token, show what an
@@ -26,8 +26,8 @@ import pytest
 
 from bridge import TaskBridge
 from bridge.bridge import TaskRecord
-from hub import tail_view
-from hub.embedded_nats import NatsServerProcess
+from hub.commands.embedded_nats import NatsServerProcess
+from hub.operators import tail_view
 from tests.cluster import HubProcess
 from tests.e2e.browser import PageErrors, chromium, require_chromium, screenshot_dir
 from tests.tokens import jwt

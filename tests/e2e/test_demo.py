@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from hub.demo_fleet import SILENT_SERVER, Fleet, Pace
+from hub.commands.demo_fleet import SILENT_SERVER, Fleet, Pace
 from tests.e2e.test_serve import pid_alive
 from tests.helpers import SseEvents, eventually, free_port, start_served_hub
 
@@ -27,7 +27,7 @@ async def test_demo_serves_a_busy_fleet_and_stops_cleanly(tmp_path: Path) -> Non
     url = f"http://127.0.0.1:{port}"
     started = time.monotonic()
     process = await asyncio.create_subprocess_exec(
-        *(sys.executable, "-m", "hub.cli", "demo", "--port", str(port)),
+        *(sys.executable, "-m", "hub.commands.cli", "demo", "--port", str(port)),
         cwd=ROOT,
         stdin=asyncio.subprocess.DEVNULL,
         stdout=asyncio.subprocess.PIPE,

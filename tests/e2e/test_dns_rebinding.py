@@ -1,4 +1,4 @@
-"""An open hub answers only the `Host` names it is known by (hub/hosts.py): DNS rebinding.
+"""An open hub answers only the `Host` names it is known by (hub/http/hosts.py): DNS rebinding.
 
 A page at evil.example, its name rebound to 127.0.0.1, sends the hub same-origin requests
 with its own name as `Host` and no `Origin`; every path answers it 421 (the legacy door
@@ -41,7 +41,7 @@ async def test_a_rebound_name_gets_421_on_every_get(open_hub: HubHarness, target
 
 @pytest.mark.parametrize("chunked", [False, True], ids=["in-place", "asgi"])
 async def test_a_rebound_name_gets_421_on_post(open_hub: HubHarness, chunked: bool) -> None:
-    """Whole in one read (the fast lane), or chunked (uvicorn's parser and the app)."""
+    """Whole in one read (the whole-post path), or chunked (uvicorn's parser and the app)."""
     port = port_of(open_hub)
     request = discover_request(chunked=chunked)
     request = request.replace(b"Host: 127.0.0.1", f"Host: evil.example:{port}".encode())

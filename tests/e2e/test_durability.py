@@ -34,11 +34,11 @@ import pytest
 
 from bridge import TaskBridge
 from bridge.wire import DEFAULT_BUCKET
-from hub.cache import TaskCache
+from hub.commands.embedded_nats import NatsServerProcess
 from hub.config import config_from_args
-from hub.embedded_nats import NatsServerProcess
 from hub.metrics import Metrics
-from hub.nats_source import NatsSource
+from hub.store.cache import TaskCache
+from hub.store.source import NatsSource
 from tests.e2e.test_serve import taskhub_command
 from tests.helpers import eventually, free_port
 

@@ -1,5 +1,5 @@
-"""A hub with nothing cached reads its bucket in bulk first (hub/first_read.py), and loses
-nothing to it: not the values written meanwhile, not when the read is refused."""
+"""A hub with nothing cached reads its bucket in bulk first (hub/store/first_read/reader.py), and
+loses nothing to it: not the values written meanwhile, not when the read is refused."""
 
 from __future__ import annotations
 
@@ -17,11 +17,11 @@ import pytest
 
 from bridge.jetstream import ensure_bucket, ensure_control_stream
 from bridge.wire import kv_stream, kv_subject
-from hub.cache import Rejected, TaskCache
-from hub.embedded_nats import NatsServerProcess
-from hub.first_read_worker import LaterHalf, cores
+from hub.commands.embedded_nats import NatsServerProcess
 from hub.metrics import Metrics
-from hub.nats_source import NatsSource
+from hub.store.cache import Rejected, TaskCache
+from hub.store.first_read.worker import LaterHalf, cores
+from hub.store.source import NatsSource
 from tests.helpers import envelope, eventually, free_port, new_task_id
 
 
@@ -61,7 +61,7 @@ def source_for(
 @pytest.fixture(params=[False, True], ids=["one-process", "two-processes"])
 def split(request: pytest.FixtureRequest) -> bool:
     """Each first read twice: in the hub alone, and with a worker process reading the
-    later half (hub/first_read_worker.py)."""
+    later half (hub/store/first_read/worker.py)."""
     if request.param and cores() < 2:
         pytest.skip("a split first read needs two cores")
     return bool(request.param)
@@ -245,7 +245,7 @@ def workers_of(pid: int) -> list[int]:
         except OSError:  # gone meanwhile
             continue
         parent = next(line for line in status.splitlines() if line.startswith("PPid:"))
-        if b"hub.first_read_worker" in cmdline and int(parent.split()[1]) == pid:
+        if b"hub.store.first_read.worker" in cmdline and int(parent.split()[1]) == pid:
             found.append(int(entry.name))
     return found
 

@@ -1,4 +1,4 @@
-"""Upstreams that answer wrongly on purpose, behind the front door (hub/upstream.py).
+"""Upstreams that answer wrongly on purpose, behind the front door (hub/front_door/upstream.py).
 
 Bytes written past an answer's end must never answer another request (the connection is
 closed, the answer an `invalid` fault); a client gone before the answer and an answer
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from hub.upstream import UpstreamSpec
+from hub.front_door.upstream import UpstreamSpec
 from tests.e2e.raw_http import (
     Received,
     call,
@@ -148,7 +148,7 @@ async def test_a_corrupt_compressed_answer_is_an_invalid_fault(
     assert not [r for r in caplog.records if r.levelname in ("ERROR", "CRITICAL") or r.exc_info]
 
 
-# -- forwards answered in place (hub/connection.py InPlaceCycle) ----------------------------
+# -- forwards answered in place (hub/http/connection.py InPlaceCycle) ----------------------------
 
 
 async def test_a_request_sent_while_a_forward_is_under_way_is_answered_after_it(

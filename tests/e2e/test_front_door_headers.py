@@ -1,4 +1,4 @@
-"""The head an upstream gets is the head the hub checked, cleaned (hub/forwarding.py).
+"""The head an upstream gets is the head the hub checked, cleaned (hub/front_door/forwarding.py).
 
 Trailers never become headers; the hub states who the client is (`X-Forwarded-*`) unless
 a trusted proxy did; fields the `Connection` header names stay on their side; the hub's
@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from hub.forwarding import parse_trusted_proxies
-from hub.upstream import UpstreamSpec
+from hub.front_door.forwarding import parse_trusted_proxies
+from hub.front_door.upstream import UpstreamSpec
 from tests.e2e.raw_http import (
     Received,
     call,

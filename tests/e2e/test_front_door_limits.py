@@ -15,8 +15,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from hub.forwarding import parse_trusted_proxies
-from hub.upstream import UpstreamSpec
+from hub.front_door.forwarding import parse_trusted_proxies
+from hub.front_door.upstream import UpstreamSpec
 from tests.e2e.raw_http import (
     Answer,
     Received,

@@ -2,7 +2,7 @@
 
 Every test runs twice: with the hub's connection protocol, where the fan-out writes
 frames straight to the socket and cached answers leave without an ASGI task, and on
-uvicorn's own, where everything goes through the ASGI app (hub/connection.py).
+uvicorn's own, where everything goes through the ASGI app (hub/http/connection.py).
 """
 
 from __future__ import annotations

@@ -90,8 +90,8 @@ async def test_200_streams_over_50_tasks_all_see_every_terminal_state(
     await eventually(lambda: len(hub.hub.fanout) == 0)
 
 
-# A header value with a tab: harmless, but the fast lane leaves such a request to
-# uvicorn's parser (hub/fast_lane.py), so its stream runs on a task of its own.
+# A header value with a tab: harmless, but the whole-post path leaves such a request to
+# uvicorn's parser (hub/http/whole_post.py), so its stream runs on a task of its own.
 NOT_IN_PLACE = {"X-Note": "not\tin place"}
 
 
@@ -179,7 +179,7 @@ async def test_a_stalled_stream_costs_bounded_memory_and_delays_nobody(
 async def test_streams_of_one_task_ride_its_lane_and_a_stalled_one_leaves_it(
     hub: HubHarness, js: Any, bucket: str
 ) -> None:
-    """The express lane over real sockets (hub/followers.py): streams following one task
+    """The express lane over real sockets (hub/push/followers.py): streams following one task
     in place ride it once the general path has written them a state; one that stops
     reading fills its socket buffer and leaves the lane from inside the lane's own write,
     delays nobody, and finds the final state when it reads again. Every stream sees its

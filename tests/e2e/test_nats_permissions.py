@@ -27,14 +27,14 @@ from nats.js.errors import NotFoundError
 from bridge import FleetEvents, TaskBridge
 from bridge.jetstream import ensure_bucket, ensure_control_stream
 from bridge.wire import CONTROL_STREAM, DEFAULT_BUCKET, control_subject, kv_stream, kv_subject
-from hub.cache import TaskCache
+from hub.commands.embedded_nats import NatsServerProcess
 from hub.config import Config
-from hub.embedded_nats import NatsServerProcess
-from hub.kept_bucket import KeptBucket, ensure_kept_bucket
-from hub.kept_tasks import CredentialHasher, KeptTasks, task_from_result
+from hub.front_door.kept_bucket import KeptBucket, ensure_kept_bucket
+from hub.front_door.kept_tasks import CredentialHasher, KeptTasks, task_from_result
 from hub.legacy.sessions import Sessions, ensure_sessions_bucket
 from hub.metrics import Metrics
-from hub.nats_source import NatsSource
+from hub.store.cache import TaskCache
+from hub.store.source import NatsSource
 from tests.helpers import envelope, eventually, new_task_id
 
 ACCOUNTS_CONF = Path(__file__).resolve().parents[2] / "deploy" / "nats" / "accounts.conf"
@@ -359,7 +359,7 @@ async def test_a_server_announces_its_services_events_and_no_other(
         async def on_event(msg: Any) -> None:
             await heard.put(msg.subject)
 
-        await hub.nc.subscribe("mcp.events.>", cb=on_event)  # what hub/fleet_events.py does
+        await hub.nc.subscribe("mcp.events.>", cb=on_event)  # what hub/store/fleet_events.py does
         await hub.nc.flush()
         await FleetEvents(srv.nc, "other").tools_changed()
         await srv.violation("publish", "mcp.events.other.tools.list_changed")

@@ -14,7 +14,7 @@ import pytest
 
 from bridge.jetstream import ensure_bucket
 from bridge.wire import kv_stream, kv_subject
-from hub.embedded_nats import NatsServerProcess
+from hub.commands.embedded_nats import NatsServerProcess
 from tests.helpers import HubHarness, envelope, eventually, new_task_id, start_hub
 
 

@@ -21,12 +21,12 @@ from cryptography.x509.oid import NameOID
 
 from bridge.jetstream import ensure_bucket, ensure_control_stream
 from bridge.wire import kv_subject
-from hub.cache import TaskCache
+from hub.commands.embedded_nats import NatsServerProcess
 from hub.config import Config, connect_options
-from hub.embedded_nats import NatsServerProcess
-from hub.first_read_worker import cores
 from hub.metrics import Metrics
-from hub.nats_source import NatsSource
+from hub.store.cache import TaskCache
+from hub.store.first_read.worker import cores
+from hub.store.source import NatsSource
 from tests.helpers import envelope, eventually, new_task_id, start_hub
 
 

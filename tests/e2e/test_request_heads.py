@@ -1,4 +1,4 @@
-"""Request heads are bounded before anything reads them (hub/head_limits.py).
+"""Request heads are bounded before anything reads them (hub/http/head_limits.py).
 
 Raw-socket clients send heads over each limit, heads that never end, trailers and, from
 twenty connections at once, sixty MiB of headers with no token: the hub answers 414 or
@@ -109,7 +109,7 @@ async def test_a_field_too_large_too_many_fields_or_a_long_target_is_refused(
     assert b"www-authenticate" not in answer.lower()  # refused before authentication
 
 
-async def test_the_fast_lane_refuses_what_the_parser_refuses(limited: HubHarness) -> None:
+async def test_the_whole_post_refuses_what_the_parser_refuses(limited: HubHarness) -> None:
     """A whole request in one read, over a limit, is not answered in place."""
     port = port_of(limited)
     fine = await exchange(port, discover_request())

@@ -17,7 +17,7 @@ from tests.helpers import SUB_KEY, SseStream, eventually, free_port, headers_for
 
 def taskhub_command() -> list[str]:
     script = shutil.which("taskhub")
-    return [script] if script else [sys.executable, "-m", "hub.cli"]
+    return [script] if script else [sys.executable, "-m", "hub.commands.cli"]
 
 
 def pid_alive(pid: int) -> bool:

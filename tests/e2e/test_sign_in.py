@@ -1,4 +1,5 @@
-"""`/dashboard/session` (hub/sign_in.py): the hub checks a token and sets its cookie itself.
+"""`/dashboard/session` (hub/operators/sign_in.py): the hub checks a token and sets its cookie
+itself.
 
 Over real HTTP to a served hub with authentication; the browser's side of it (the cookie
 is HttpOnly, the page never holds the token) is in test_dashboard_browser.py.
@@ -137,7 +138,7 @@ async def test_an_open_hub_has_no_sign_in(nats_url: str, bucket: str, tmp_path: 
 
 
 async def test_the_page_never_sets_the_token_cookie_itself() -> None:
-    """The cookie is the hub's to set, HttpOnly (hub/sign_in.py): the page's script has
+    """The cookie is the hub's to set, HttpOnly (hub/operators/sign_in.py): the page's script has
     no way to write it, nor a token to write it with."""
     script = (Path(__file__).parents[2] / "hub" / "static" / "dashboard.js").read_text()
     assert "document.cookie" not in script

@@ -62,7 +62,7 @@ class Tail:
 async def tail(*args: str, env: dict[str, str] | None = None) -> AsyncIterator[Tail]:
     environment = {k: v for k, v in os.environ.items() if k != "TASKHUB_TOKEN"}
     process = await asyncio.create_subprocess_exec(
-        *(sys.executable, "-m", "hub.cli", "tail", *args),
+        *(sys.executable, "-m", "hub.commands.cli", "tail", *args),
         cwd=ROOT,
         stdin=asyncio.subprocess.DEVNULL,
         stdout=asyncio.subprocess.PIPE,

@@ -1,4 +1,5 @@
-"""List changes of an upstream that does not announce them on NATS (hub/upstream_events.py).
+"""List changes of an upstream that does not announce them on NATS
+(hub/front_door/upstream_events.py).
 
 The upstream is an `mcp` 2.3.0 `MCPServer` whose tools announce changes on the SDK's own
 listen bus only (as any server in any language would, on its own `subscriptions/listen`);

@@ -27,7 +27,7 @@ import pytest
 from bridge import TaskBridge
 from bridge.control import LEADER_ELECTED as CONSUMER_ELECTED
 from bridge.wire import CONTROL_STREAM, CancelMessage, control_subject, encode, kv_stream
-from hub.nats_source import LEADER_ELECTED, WATCH_STALE_BOUND_S
+from hub.store.source import LEADER_ELECTED, WATCH_STALE_BOUND_S
 from tests.cluster import ClusterNode, HubProcess, NatsCluster
 from tests.helpers import eventually, headers_for, rpc
 

@@ -1,0 +1,1 @@
+"""The `taskhub` commands: serve (one process or workers), demo, tail."""

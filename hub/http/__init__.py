@@ -1,0 +1,1 @@
+"""The HTTP layer: connections, requests parsed in place, and the uvicorn adapter."""

@@ -1,0 +1,1 @@
+"""The MCP endpoint: `POST /mcp` validated, authenticated, limited and answered."""

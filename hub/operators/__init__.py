@@ -1,0 +1,1 @@
+"""What operators see: the operator stream, the dashboard and `taskhub tail`."""

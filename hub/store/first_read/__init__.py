@@ -1,0 +1,1 @@
+"""A first read: every task's latest value, in bulk, before the watch."""
