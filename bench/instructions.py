@@ -99,10 +99,15 @@ async def _probe(target: str, port: int, streams: int, revisions: int) -> None:
         from hub.push.sse_frames import ack_frame
         from hub.push.subscriber import Subscriber
         from hub.store.cache import TaskCache
+        from hub.store.listener import Nobody
 
         metrics = Metrics()
         fanout = Fanout(metrics)
-        cache = TaskCache(on_change=fanout.publish)
+
+        class Delivery(Nobody):  # the store's listener: each change to the fan-out
+            changed = staticmethod(fanout.publish)
+
+        cache = TaskCache(Delivery())
         cache.apply_put(_TASK_ID, 1, values[0])
         for n, transport in enumerate(transports):
             sub = Subscriber(b"%d" % n, [_TASK_ID])

@@ -25,13 +25,13 @@ from hub.front_door.upstream_pool import Pool
 from hub.http.hosts import HostRule
 from hub.legacy.endpoint import LegacyEndpoint
 from hub.legacy.sessions import Sessions
-from hub.mcp import jsonrpc
 from hub.mcp.endpoint import JSON, McpEndpoint, Reply, respond
 from hub.mcp.task_reads import get_task, operators_only
 from hub.operators import dashboard
 from hub.operators.sign_in import session
 from hub.operators.stream import OperatorStream
 from hub.push.listen_stream import ListenStream
+from hub.rpc import jsonrpc
 from hub.runtime import Hub
 
 log = logging.getLogger("taskhub.http")

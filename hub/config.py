@@ -20,14 +20,20 @@ from urllib.parse import urlsplit
 
 from bridge.events import DEFAULT_SERVICE
 from bridge.wire import DEFAULT_BUCKET, SERVICE_RE
-from hub.commands.embedded_nats import SYNC_ALWAYS, parse_sync
-from hub.front_door.forwarding import Network, parse_trusted_proxies
-from hub.front_door.upstream import UpstreamSpec
-from hub.http.cors import normalize_origin
-from hub.http.head_limits import HeadLimits, rest_for
-from hub.http.hosts import host_name
-from hub.mcp.auth import AuthSettings, parse_operator_claim
-from hub.store.fleet_events import load_resource_rule
+from hub.settings import (
+    SYNC_ALWAYS,
+    AuthSettings,
+    HeadLimits,
+    Network,
+    UpstreamSpec,
+    host_name,
+    load_resource_rule,
+    normalize_origin,
+    parse_operator_claim,
+    parse_sync,
+    parse_trusted_proxies,
+    rest_for,
+)
 
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 LOOPBACK_HOSTS = frozenset({"localhost", "127.0.0.1", "::1"})
@@ -122,7 +128,7 @@ class Config:
     # Peers whose X-Forwarded-*, Forwarded and X-Real-IP the hub keeps
     # (hub/front_door/forwarding.py).
     trusted_proxies: tuple[Network, ...] = ()
-    # Who may follow which resource URIs on a listen stream (hub/store/fleet_events.py).
+    # Who may follow which resource URIs on a listen stream (hub/push/fleet_events.py).
     resource_rule: str | None = None
 
     @property
@@ -508,22 +514,37 @@ def _field(flag: str) -> str:
     return _FIELD.get(flag, flag.replace("-", "_"))
 
 
+def add_option(
+    parser: argparse.ArgumentParser,
+    env: Mapping[str, str],
+    flag: str,
+    kind: Callable[[str], Any],
+    default: Any,
+    help: str,
+    dest: str | None = None,
+) -> None:
+    """Declare `--flag`, whose default comes from `TASKHUB_<FLAG>` if set: how every
+    command (serve, demo, tail) reads its options."""
+    env_name = "TASKHUB_" + flag.upper().replace("-", "_")
+    if env_name in env:
+        default = env[env_name]  # argparse applies `type` to string defaults
+    secret = any(word in flag for word in ("secret", "password", "token"))
+    shown = "" if default in (None, ()) or secret else default
+    parser.add_argument(
+        f"--{flag}",
+        dest=dest or flag.replace("-", "_"),
+        type=kind,
+        default=default,
+        help=f"{help}{f' (default {shown})' if shown != '' else ''} [env {env_name}]",
+    )
+
+
 def add_serve_options(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> None:
     """Declare the `serve` options; each default comes from `TASKHUB_<NAME>` if set."""
     defaults = Config()
     for flag, kind, help in _OPTIONS:
-        env_name = "TASKHUB_" + flag.upper().replace("-", "_")
-        default: Any = getattr(defaults, _field(flag))
-        if env_name in env:
-            default = env[env_name]  # argparse applies `type` to string defaults
-        shown = "" if default in (None, ()) or "secret" in flag or "password" in flag else default
-        parser.add_argument(
-            f"--{flag}",
-            dest=_field(flag),
-            type=kind,
-            default=default,
-            help=f"{help}{f' (default {shown})' if shown != '' else ''} [env {env_name}]",
-        )
+        default = getattr(defaults, _field(flag))
+        add_option(parser, env, flag, kind, default, help, dest=_field(flag))
     env_name = "TASKHUB_UPSTREAM"
     parser.add_argument(
         "--upstream",

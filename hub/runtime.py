@@ -12,17 +12,19 @@ import logging
 import time
 from collections.abc import Callable
 
+from hub.admission.auth import Authenticator
+from hub.admission.limits import PollLimiter, StreamLimiter
 from hub.config import Config
 from hub.front_door.upstream_events import UpstreamEvents
 from hub.front_door.upstream_tasks import UpstreamTasks
-from hub.mcp.auth import Authenticator
-from hub.mcp.limits import PollLimiter, StreamLimiter
 from hub.metrics import Metrics
-from hub.operators.fleet_view import FLEET_EVERY_S, FleetView
-from hub.operators.watcher import Watcher, sse_event
 from hub.push.fanout import Fanout
-from hub.store.cache import Rejected, TaskCache, TaskSnapshot
-from hub.store.fleet_events import EventSource, load_resource_rule
+from hub.push.fleet_events import EventSource
+from hub.push.watcher import Watcher, sse_event
+from hub.settings import load_resource_rule
+from hub.store.cache import TaskCache
+from hub.store.fleet_view import FLEET_EVERY_S, FleetView
+from hub.store.snapshot import Rejected, TaskSnapshot
 from hub.store.source import NatsSource
 
 log = logging.getLogger("taskhub")
@@ -33,11 +35,7 @@ class Hub:
         self.config = config
         self.metrics = Metrics()
         self.fanout = Fanout(self.metrics)
-        self.cache = TaskCache(
-            on_change=self._changed,
-            on_remove=self._removed,
-            on_reject=self._count_rejection,
-        )
+        self.cache = TaskCache(self)  # the hub is the store's listener (hub/store/listener.py)
         # Requests waiting for a task's next revision (tasks/update, read-your-update).
         self._waiters: dict[str, set[asyncio.Future[TaskSnapshot | None]]] = {}
         # Whoever follows every task of one owner (the legacy door's notification streams).
@@ -47,6 +45,7 @@ class Hub:
             config.bucket,
             self.cache,
             self.metrics,
+            listener=self,
             replicas=config.replicas,
             nats_options=config.nats_options(),
             plain_options=config.nats_plain_options(),
@@ -57,8 +56,6 @@ class Hub:
         self.fleet = FleetView(self.cache, config.silent_after)
         self._fleet_frames = (b"", b"")  # the latest `fleet` event: without, with servers
         self.events = EventSource(self.fanout, self.metrics)
-        self.source.on_reconnected = self.events.reconnected
-        self.source.batch = (self.fanout.hold, self.fanout.release)
         self.resource_rule = load_resource_rule(config.resource_rule)
         self.metrics.cached_tasks.track(lambda: len(self.cache))
         self.metrics.operator_streams.track(lambda: self.fanout.watchers)
@@ -78,7 +75,7 @@ class Hub:
             bucket=config.bucket,
             replicas=config.replicas,
             publish=self._kept_changed,
-            remove=self._removed,
+            remove=self.removed,
             in_snapshot=self._in_store,
         )
         # An upstream's own listen, held for list changes it does not announce on NATS.
@@ -194,7 +191,9 @@ class Hub:
 
         return unwatch
 
-    def _changed(self, snapshot: TaskSnapshot) -> None:
+    # -- the store's listener (hub/store/listener.py) ----------------------------------------
+
+    def changed(self, snapshot: TaskSnapshot) -> None:
         self.fanout.publish(snapshot)
         self.fleet.wrote(snapshot)
         if self._waiters:
@@ -223,15 +222,24 @@ class Hub:
         if self._waiters:
             self._wake(snapshot.task_id, snapshot)
 
-    def _removed(self, snapshot: TaskSnapshot) -> None:
+    def removed(self, snapshot: TaskSnapshot) -> None:
         self.fanout.publish_removal(snapshot)
         if self._waiters:
             self._wake(snapshot.task_id, None)
+
+    def rejected(self, reason: Rejected) -> None:
+        self.metrics.kv_rejected.inc(1, reason.value)
+
+    def hold(self) -> None:
+        self.fanout.hold()
+
+    def release(self) -> None:
+        self.fanout.release()
+
+    def reconnected(self) -> None:
+        self.events.reconnected()
 
     def _wake(self, task_id: str, snapshot: TaskSnapshot | None) -> None:
         for waiter in list(self._waiters.get(task_id, ())):
             if not waiter.done():
                 waiter.set_result(snapshot)
-
-    def _count_rejection(self, reason: Rejected) -> None:
-        self.metrics.kv_rejected.inc(1, reason.value)

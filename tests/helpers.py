@@ -18,6 +18,8 @@ from starlette.types import ASGIApp
 from bench.ports import free_port as free_port  # the tests' one way to pick a port
 from hub.config import Config
 from hub.runtime import Hub
+from hub.store.listener import Nobody
+from hub.store.snapshot import Rejected, TaskSnapshot
 
 PROTOCOL = "2026-07-28"
 TASKS_EXT = "io.modelcontextprotocol/tasks"
@@ -353,10 +355,10 @@ def envelope(
 async def start_served_hub(
     nats_url: str, bucket: str, data_dir: Path, **overrides: Any
 ) -> HubHarness:
-    """A hub run exactly as `taskhub serve` runs one (`hub.commands.cli.build_server`: the header
+    """A hub run exactly as `taskhub serve` runs one (`hub.commands.server.build_server`: the header
     connection protocol, keep-alive and concurrency limits), on a free loopback port in
     this event loop."""
-    from hub.commands.cli import build_server  # late: unit tests import these helpers too
+    from hub.commands.server import build_server  # late: unit tests import these helpers too
 
     overrides.setdefault("log_level", "warning")
     config = Config(port=0, bucket=bucket, nats_url=nats_url, data_dir=data_dir, **overrides)
@@ -383,3 +385,21 @@ def mint_token(secret: str, sub: str | None = "alice", *, ttl: float = 300.0, **
     body = {name: value for name, value in body.items() if value is not None}
     # Built by hand, not by the verifier's library: the hub is what is under test.
     return jwt(body, secret.encode(), "HS256")
+
+
+class Recorder(Nobody):
+    """A store listener (hub/store/listener.py) that keeps what it hears."""
+
+    def __init__(self) -> None:
+        self.changes: list[TaskSnapshot] = []
+        self.removals: list[TaskSnapshot] = []
+        self.rejections: list[Rejected] = []
+
+    def changed(self, snapshot: TaskSnapshot) -> None:
+        self.changes.append(snapshot)
+
+    def removed(self, snapshot: TaskSnapshot) -> None:
+        self.removals.append(snapshot)
+
+    def rejected(self, reason: Rejected) -> None:
+        self.rejections.append(reason)

@@ -1,4 +1,4 @@
-"""hub/mcp/auth.py, finding the credentials: the Bearer header's syntax and challenges, and
+"""hub/admission/auth.py, finding the credentials: the Bearer header's syntax and challenges, and
 the token cookie, taken only when no other site could have made the browser send it."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from starlette.datastructures import Headers
 
-from hub.mcp.auth import AuthError, bearer_token, credentials_from
+from hub.admission.auth import AuthError, bearer_token, credentials_from
 
 # --- the Authorization header and the challenge ------------------------------------------
 

@@ -1,4 +1,4 @@
-"""hub/mcp/auth.py, configuring verification: key files recognised by content, which JWKS
+"""hub/admission/auth.py, configuring verification: key files recognised by content, which JWKS
 entries count, what a JWK's kid and alg pin, and the settings refused at startup."""
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ from cryptography.hazmat.primitives.serialization import (
 )
 from cryptography.x509.oid import NameOID
 
-from hub.mcp.auth import Authenticator, AuthError, AuthSettings, load_keys
+from hub.admission.auth import Authenticator, AuthError, load_keys
+from hub.settings import AuthSettings
 from tests.test_auth_tokens import (
     AUDIENCE,
     DROP,

@@ -1,4 +1,4 @@
-"""hub/mcp/auth.py, verifying a token: which JWTs pass, and for each refused one the fixed
+"""hub/admission/auth.py, verifying a token: which JWTs pass, and for each refused one the fixed
 invalid_token reason, which never carries token bytes into a header or a log.
 
 Every token and JWK is built by hand (tests/tokens.py), never by joserfc, the library the
@@ -20,14 +20,8 @@ from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hub.mcp.auth import (
-    Authenticator,
-    AuthError,
-    Identity,
-    load_keys,
-    parse_operator_claim,
-    secret_key,
-)
+from hub.admission.auth import Authenticator, AuthError, Identity, load_keys, secret_key
+from hub.settings import parse_operator_claim
 from tests.tokens import SigningKey, b64, compact, jwt, public_jwk
 
 NOW = 1_700_000_000.0

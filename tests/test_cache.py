@@ -11,25 +11,33 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hub.store.cache import RECENT_SNAPSHOTS, CachePart, Rejected, TaskCache, TaskSnapshot, pack
+from hub.store.cache import RECENT_SNAPSHOTS, CachePart, TaskCache, pack
+from hub.store.listener import Nobody
+from hub.store.snapshot import Rejected, TaskSnapshot
 from tests.helpers import envelope, new_task_id
 
 STATUSES = ["working", "input_required", "completed", "failed", "cancelled"]
 TERMINAL = {"completed", "failed", "cancelled"}
 
 
-class Recorder:
+class Recorder(Nobody):
+    """A cache and what its listener heard: changes, removed ids, rejections."""
+
     def __init__(self, now: float = 1_767_225_600.0) -> None:  # 2026-01-01T00:00:00Z
         self.now = now
         self.changes: list[TaskSnapshot] = []
-        self.removed: list[str] = []
-        self.rejected: list[Rejected] = []
-        self.cache = TaskCache(
-            on_change=self.changes.append,
-            on_remove=lambda snapshot: self.removed.append(snapshot.task_id),
-            on_reject=self.rejected.append,
-            clock=lambda: self.now,
-        )
+        self.removed_ids: list[str] = []
+        self.rejections: list[Rejected] = []
+        self.cache = TaskCache(self, clock=lambda: self.now)
+
+    def changed(self, snapshot: TaskSnapshot) -> None:
+        self.changes.append(snapshot)
+
+    def removed(self, snapshot: TaskSnapshot) -> None:
+        self.removed_ids.append(snapshot.task_id)
+
+    def rejected(self, reason: Rejected) -> None:
+        self.rejections.append(reason)
 
 
 def test_accepts_a_valid_value_and_encodes_the_task_once() -> None:
@@ -81,7 +89,7 @@ def test_a_first_revision_without_a_time_zone_is_refused() -> None:
     r = Recorder()
     tid = new_task_id()
     assert r.cache.apply_put(tid, 1, envelope(tid, created_at="2026-01-01T00:00:00")) is None
-    assert r.rejected == [Rejected.MALFORMED] and len(r.cache) == 0
+    assert r.rejections == [Rejected.MALFORMED] and len(r.cache) == 0
 
 
 def test_unknown_envelope_and_task_fields_are_ignored() -> None:
@@ -108,7 +116,7 @@ def test_unknown_envelope_and_task_fields_are_ignored() -> None:
 def test_malformed_values_are_rejected_and_counted(data: bytes) -> None:
     r = Recorder()
     assert r.cache.apply_put(new_task_id(), 1, data) is None
-    assert r.rejected == [Rejected.MALFORMED] and r.changes == []
+    assert r.rejections == [Rejected.MALFORMED] and r.changes == []
 
 
 @pytest.mark.parametrize(
@@ -133,7 +141,7 @@ def test_invalid_tasks_are_rejected(fields: dict[str, object]) -> None:
     raw["task"].update(fields)
     raw["task"] = {k: v for k, v in raw["task"].items() if v is not None}
     assert r.cache.apply_put(tid, 1, json.dumps(raw).encode()) is None
-    assert r.rejected == [Rejected.MALFORMED]
+    assert r.rejections == [Rejected.MALFORMED]
 
 
 def test_bad_task_id_and_server_are_rejected() -> None:
@@ -141,13 +149,13 @@ def test_bad_task_id_and_server_are_rejected() -> None:
     assert r.cache.apply_put("short", 1, envelope("short")) is None
     tid = new_task_id()
     assert r.cache.apply_put(tid, 1, envelope(tid, server="no spaces allowed")) is None
-    assert r.rejected == [Rejected.MALFORMED, Rejected.MALFORMED]
+    assert r.rejections == [Rejected.MALFORMED, Rejected.MALFORMED]
 
 
 def test_key_mismatch_is_rejected() -> None:
     r = Recorder()
     assert r.cache.apply_put(new_task_id(), 1, envelope(new_task_id())) is None
-    assert r.rejected == [Rejected.KEY_MISMATCH]
+    assert r.rejections == [Rejected.KEY_MISMATCH]
 
 
 def test_older_revisions_are_stale_and_duplicates_silent() -> None:
@@ -156,7 +164,7 @@ def test_older_revisions_are_stale_and_duplicates_silent() -> None:
     r.cache.apply_put(tid, 10, envelope(tid, statusMessage="new"))
     assert r.cache.apply_put(tid, 9, envelope(tid, statusMessage="old")) is None
     assert r.cache.apply_put(tid, 10, envelope(tid, statusMessage="new")) is None
-    assert r.rejected == [Rejected.STALE]
+    assert r.rejections == [Rejected.STALE]
     current = r.cache.get(tid)
     assert current is not None and b'"new"' in current.body and len(r.changes) == 1
 
@@ -169,7 +177,7 @@ def test_terminal_states_never_change(terminal: str, later: str) -> None:
     first = r.cache.apply_put(tid, 1, envelope(tid, terminal))
     assert first is not None
     assert r.cache.apply_put(tid, 2, envelope(tid, later, statusMessage="changed")) is None
-    assert r.rejected == [Rejected.TERMINAL_CHANGE]
+    assert r.rejections == [Rejected.TERMINAL_CHANGE]
     assert r.cache.get(tid) == first and r.changes == [first]
 
 
@@ -178,7 +186,7 @@ def test_terminal_rewritten_unchanged_is_not_reported() -> None:
     tid = new_task_id()
     r.cache.apply_put(tid, 1, envelope(tid, "completed"))
     assert r.cache.apply_put(tid, 2, envelope(tid, "completed")) is None
-    assert r.rejected == [] and len(r.changes) == 1
+    assert r.rejections == [] and len(r.changes) == 1
 
 
 @pytest.mark.parametrize("a", ["working", "input_required"])
@@ -196,7 +204,7 @@ def test_owner_change_is_rejected() -> None:
     tid = new_task_id()
     r.cache.apply_put(tid, 1, envelope(tid, owner="alice"))
     assert r.cache.apply_put(tid, 2, envelope(tid, owner="mallory")) is None
-    assert r.rejected == [Rejected.OWNER_CHANGE]
+    assert r.rejections == [Rejected.OWNER_CHANGE]
 
 
 def test_delete_removes_and_blocks_older_values() -> None:
@@ -204,7 +212,7 @@ def test_delete_removes_and_blocks_older_values() -> None:
     tid = new_task_id()
     r.cache.apply_put(tid, 3, envelope(tid))
     assert r.cache.apply_delete(tid, 4)
-    assert r.cache.get(tid) is None and r.removed == [tid]
+    assert r.cache.get(tid) is None and r.removed_ids == [tid]
     # A slow read-through of the value before the delete must not resurrect it.
     assert r.cache.apply_put(tid, 3, envelope(tid)) is None
     # A later re-creation is a new task.
@@ -229,7 +237,7 @@ def test_expired_tasks_are_not_served_and_are_swept() -> None:
     assert r.cache.get(tid) is not None and r.cache.sweep() == 0
     r.now += 0.2
     assert r.cache.get(tid) is None  # not served even before the sweep
-    assert r.cache.sweep() == 1 and r.removed == [tid]
+    assert r.cache.sweep() == 1 and r.removed_ids == [tid]
     assert len(r.cache) == 1 and r.cache.get(forever) is not None
 
 
@@ -299,7 +307,7 @@ def test_a_task_updated_many_times_costs_one_expiry_entry() -> None:
     tracemalloc.stop()
     assert after - before < 20_000  # the old per-revision entries took ~116 B each
     r.now += 3_601
-    assert r.cache.sweep() == 1 and r.removed == [tid]
+    assert r.cache.sweep() == 1 and r.removed_ids == [tid]
 
 
 def test_a_cached_task_costs_well_under_twice_its_json() -> None:
@@ -377,7 +385,7 @@ def test_a_new_revision_of_a_held_task_is_kept_for_the_next_one_and_its_readers(
     r.cache.apply_put(tid, 4, envelope(tid, "completed"))
     assert r.cache.get(tid).status == "completed"  # type: ignore[union-attr]
     assert r.cache.apply_put(tid, 5, envelope(tid, "working")) is None
-    assert r.rejected == [Rejected.TERMINAL_CHANGE]
+    assert r.rejections == [Rejected.TERMINAL_CHANGE]
     r.cache.apply_delete(tid, 6)
     assert r.cache.get(tid) is None
 
@@ -421,15 +429,15 @@ def test_a_part_read_elsewhere_comes_over_whole_and_silently() -> None:
 
     part = msgspec.msgpack.decode(_part_of(there), type=CachePart)
     assert here.cache.merge(part) == 3
-    assert here.changes == [] and here.removed == []
-    assert here.rejected == [Rejected.MALFORMED]
+    assert here.changes == [] and here.removed_ids == []
+    assert here.rejections == [Rejected.MALFORMED]
     assert len(here.cache) == 6
     assert here.cache.get(done).status == "completed"  # type: ignore[union-attr]
     assert here.cache.server_counts() == {"srv-a": (4, 4), "srv-b": (2, 1)}
     assert here.cache.apply_put(gone, 13, envelope(gone)) is None  # its tombstone came too
-    assert here.rejected[-1] is Rejected.STALE
+    assert here.rejections[-1] is Rejected.STALE
     here.now += 61
-    assert here.cache.sweep() == 1 and here.removed == [expiring]
+    assert here.cache.sweep() == 1 and here.removed_ids == [expiring]
     assert here.cache.server_counts() == {"srv-a": (3, 3), "srv-b": (2, 1)}
 
 
@@ -447,7 +455,7 @@ def test_a_task_held_on_both_sides_is_merged_by_the_reader_rules() -> None:
 
     assert here.cache.merge(there.cache.part()) == 0
     assert [(s.task_id, s.revision) for s in here.changes] == [(newer_there, 5)]
-    assert here.removed == [removed_there]
-    assert here.rejected == [Rejected.STALE]  # newer_here's revision 6, after 7
+    assert here.removed_ids == [removed_there]
+    assert here.rejections == [Rejected.STALE]  # newer_here's revision 6, after 7
     assert here.cache.get(newer_here).revision == 7  # type: ignore[union-attr]
     assert here.cache.server_counts() == {"srv-1": (1, 0), "srv-b": (1, 0)}

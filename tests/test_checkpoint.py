@@ -15,8 +15,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hub.store import checkpoint_file
-from hub.store.cache import STATUSES, TaskCache, TaskSnapshot, pack, unpack
-from tests.helpers import envelope, new_task_id
+from hub.store.cache import STATUSES, TaskCache, pack, unpack
+from hub.store.snapshot import TaskSnapshot
+from tests.helpers import Recorder, envelope, new_task_id
 
 NOW = 1_767_225_600.0  # 2026-01-01T00:00:00Z
 STREAM = {"bucket": "tasks", "stream_created": "2026-01-01T00:00:00+00:00"}
@@ -278,8 +279,9 @@ def test_a_restored_cache_answers_and_expires_like_a_watched_one(tmp_path: Path)
     write(path, watched)
     saved = read(path)
     assert saved is not None
-    changes: list[TaskSnapshot] = []
-    again = TaskCache(clock=lambda: now[0], on_change=changes.append)
+    heard = Recorder()
+    changes = heard.changes
+    again = TaskCache(heard, clock=lambda: now[0])
     assert again.restore(saved.task_ids, saved.packed) == 3
     assert changes == []  # nobody listens before the hub has started
     now[0] += 5

@@ -7,12 +7,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from starlette.datastructures import Headers
 
-from hub.http.cors import (
-    is_preflight,
-    normalize_origin,
-    preflight_headers,
-    response_headers,
-)
+from hub.http.cors import is_preflight, preflight_headers, response_headers
+from hub.settings import normalize_origin
 
 DASHBOARD = "https://dash.example"
 ALLOWED = frozenset({DASHBOARD, "http://localhost:5173"})

@@ -14,7 +14,7 @@ from hub.metrics import Metrics
 from hub.push.fanout import Fanout
 from hub.push.sse_frames import notification_prefix, task_frames
 from hub.push.subscriber import EndReason, StreamState, Subscriber, flush_all
-from hub.store.cache import TaskSnapshot
+from hub.store.snapshot import TaskSnapshot
 
 
 def take(sub: Subscriber) -> list[TaskSnapshot]:

@@ -12,7 +12,7 @@ from hub.metrics import Metrics
 from hub.push.fanout import Fanout
 from hub.push.sse_frames import task_frames
 from hub.push.subscriber import EndReason, StreamState, Subscriber
-from hub.store.cache import TaskSnapshot
+from hub.store.snapshot import TaskSnapshot
 from tests.test_fanout import Channel, next_turn
 
 

@@ -11,10 +11,10 @@ from hub.front_door.forwarding import (
     OutgoingHeads,
     TrustedProxies,
     caller_address,
-    parse_trusted_proxies,
     request_headers,
     response_headers,
 )
+from hub.settings import parse_trusted_proxies
 
 NONE = TrustedProxies()
 PROXY = TrustedProxies(parse_trusted_proxies("10.0.0.0/8, ::1"))

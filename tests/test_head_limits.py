@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from hub.http.head_limits import HeadLimits, judge, rest_for
+from hub.http.head_limits import judge
+from hub.settings import HeadLimits, rest_for
 
 LIMITS = HeadLimits(target=10, field=10, fields=3, head=100)
 

@@ -1,4 +1,4 @@
-"""hub/mcp/routing_headers.py: plain-safe values and the base64 sentinel (H14, H15)."""
+"""hub/rpc/routing_headers.py: plain-safe values and the base64 sentinel (H14, H15)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from hub.mcp.jsonrpc import HEADER_MISMATCH, RpcError
-from hub.mcp.routing_headers import (
+from hub.rpc.jsonrpc import HEADER_MISMATCH, RpcError
+from hub.rpc.routing_headers import (
     decode_header_value,
     encode_header_value,
     header_map,
@@ -111,7 +111,7 @@ def test_header_map_keeps_the_first_of_a_repeated_header() -> None:
 @given(st.text(alphabet=st.characters(max_codepoint=0x17F)))
 def test_the_plain_safe_shortcut_agrees_with_the_rule(value: str) -> None:
     """`is_plain_safe` skips its pattern for visible ASCII and spaces; the answer is the same."""
-    from hub.mcp.routing_headers import _PLAIN_SAFE
+    from hub.rpc.routing_headers import _PLAIN_SAFE
 
     assert is_plain_safe(value) == (_PLAIN_SAFE.fullmatch(value) is not None)
     assert is_plain_safe(f" {value}") is False and is_plain_safe(f"{value}\t") is False

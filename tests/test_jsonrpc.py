@@ -1,4 +1,4 @@
-"""hub/mcp/jsonrpc.py: error constructors and the bytes of every reply envelope."""
+"""hub/rpc/jsonrpc.py: error constructors and the bytes of every reply envelope."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from bridge import vocabulary
-from hub.mcp import jsonrpc
-from hub.mcp.jsonrpc import RpcError
+from hub.rpc import jsonrpc
+from hub.rpc.jsonrpc import RpcError
 
 SERVER_META = {"io.modelcontextprotocol/serverInfo": {"name": "taskhub", "version": "0.1.0"}}
 TASKS_DATA: dict[str, Any] = {

@@ -15,7 +15,7 @@ from hub.front_door.kept_tasks import (
     KeptTasks,
     task_from_result,
 )
-from hub.store.cache import TaskSnapshot
+from hub.store.snapshot import TaskSnapshot
 
 CREATED = "2026-12-06T10:00:00+00:00"
 NOW = 1_796_551_200.0  # 2026-12-06T10:00:00Z

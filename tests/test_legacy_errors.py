@@ -18,7 +18,7 @@ from hub.legacy.errors import (
     method_error,
     session_not_found,
 )
-from hub.mcp import jsonrpc
+from hub.rpc import jsonrpc
 
 
 def test_a_method_error_carries_its_code_in_the_message_once() -> None:

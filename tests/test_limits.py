@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from hub.mcp.limits import ByteBudget, PollLimiter, StreamLimiter, retry_after
+from hub.admission.limits import ByteBudget, PollLimiter, StreamLimiter, retry_after
 
 
 def test_a_burst_is_admitted_then_polls_are_paced_by_the_interval() -> None:

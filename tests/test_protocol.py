@@ -1,4 +1,4 @@
-"""hub/mcp/protocol.py: steps 4–14 of docs/protocol.md#validation-order: codes, statuses, id echo.
+"""hub/rpc/request.py: steps 4–14 of docs/protocol.md#validation-order: codes, statuses, id echo.
 
 The request builders here are shared by the other test_protocol_*.py modules.
 """
@@ -11,8 +11,8 @@ from typing import Any, NamedTuple
 import msgspec
 import pytest
 
-from hub.mcp import jsonrpc
-from hub.mcp.protocol import Notification, Request, RequestError, parse_request, plain_tasks_get
+from hub.rpc import jsonrpc
+from hub.rpc.request import Notification, Request, RequestError, parse_request, plain_tasks_get
 
 VERSION = "2026-07-28"
 TASK_ID = "786512e2-9e0d-44bd-8f29-789f320fe840"

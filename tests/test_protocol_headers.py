@@ -1,4 +1,4 @@
-"""hub/mcp/protocol.py, the routing headers against the body: Mcp-Name and Mcp-Method must
+"""hub/rpc/request.py, the routing headers against the body: Mcp-Name and Mcp-Method must
 match exactly (after base64 sentinels are decoded), Accept is lenient, others are ignored."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from starlette.datastructures import Headers
 
-from hub.mcp.routing_headers import encode_header_value
+from hub.rpc.routing_headers import encode_header_value
 from tests.test_protocol import (
     OTHER_ID,
     TASK_ID,

@@ -1,4 +1,4 @@
-"""hub/mcp/protocol.py, method by method: which methods exist, what each needs in params and
+"""hub/rpc/request.py, method by method: which methods exist, what each needs in params and
 capabilities, and what a valid request parses to."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from hub.mcp.protocol import Request
-from hub.mcp.routing_headers import encode_header_value
+from hub.rpc.request import Request
+from hub.rpc.routing_headers import encode_header_value
 from tests.test_protocol import (
     OTHER_ID,
     TASK_ID,

@@ -1,4 +1,4 @@
-"""hub/mcp/protocol.py, for any input: parse_request returns a Request or a Notification, or
+"""hub/rpc/request.py, for any input: parse_request returns a Request or a Notification, or
 raises a RequestError whose code and HTTP status agree and whose reply encodes; and
 whatever plain_tasks_get recognises, parse_request reads as the same tasks/get."""
 
@@ -12,15 +12,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from bridge.vocabulary import CLIENT_CAPABILITIES_KEY, PROTOCOL_VERSION_KEY
-from hub.mcp import jsonrpc
-from hub.mcp.protocol import (
+from hub.rpc import jsonrpc
+from hub.rpc.request import (
     METHODS,
     Notification,
     RequestError,
     parse_request,
     plain_tasks_get,
 )
-from hub.mcp.routing_headers import encode_header_value
+from hub.rpc.routing_headers import encode_header_value
 from tests.test_protocol import (
     MISSING,
     OTHER_ID,

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from hub.front_door.upstream import MAX_JSON_REPLY, Upstream, UpstreamError, UpstreamSpec
+from hub.front_door.upstream import MAX_JSON_REPLY, Upstream, UpstreamError
 from hub.front_door.upstream_http import (
     HIGH_WATER,
     MAX_HEAD_BYTES,
@@ -28,6 +28,7 @@ from hub.front_door.upstream_http import (
 )
 from hub.front_door.upstream_pool import Pool
 from hub.metrics import Metrics
+from hub.settings import UpstreamSpec
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -1,6 +1,6 @@
 """The operator stream's pieces without a network: its filter and query parsing, the
-watcher's coalescing and removals (hub/operators/watcher.py), and the fleet view's silent rule
-(hub/operators/fleet_view.py) on a real cache with a clock of the test's."""
+watcher's coalescing and removals (hub/push/watcher.py), and the fleet view's silent rule
+(hub/store/fleet_view.py) on a real cache with a clock of the test's."""
 
 from __future__ import annotations
 
@@ -12,11 +12,12 @@ import pytest
 from starlette.datastructures import QueryParams
 
 from hub.metrics import Metrics
-from hub.operators.fleet_view import CONTROL_WAIT_S, FleetView
 from hub.operators.stream import QueryError, parse_filter
-from hub.operators.watcher import TaskEvents, TaskFilter, Watcher
 from hub.push.fanout import Fanout
-from hub.store.cache import TaskCache, TaskSnapshot
+from hub.push.watcher import TaskEvents, TaskFilter, Watcher
+from hub.store.cache import TaskCache
+from hub.store.fleet_view import CONTROL_WAIT_S, FleetView
+from hub.store.snapshot import TaskSnapshot
 from tests.helpers import envelope, new_task_id
 
 

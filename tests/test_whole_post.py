@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hub.http import whole_post
-from hub.http.head_limits import HeadLimits
+from hub.settings import HeadLimits
 
 BODY = b'{"jsonrpc":"2.0","id":1,"method":"tasks/get"}'
 HEADERS = [

@@ -17,16 +17,18 @@ import logging
 import shutil
 import socket
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 from types import FrameType
 
 import uvicorn
 
-from hub.commands.cli import HubServer, configure_logging, run_server
 from hub.commands.demo_fleet import SERVERS, Fleet, Pace
-from hub.commands.embedded_nats import SYNC_ALWAYS, NatsServerError, NatsServerProcess
-from hub.config import Config
+from hub.commands.embedded_nats import NatsServerError, NatsServerProcess
+from hub.commands.server import HubServer, configure_logging, run_server
+from hub.config import Config, add_option
 from hub.runtime import Hub
+from hub.settings import SYNC_ALWAYS
 
 log = logging.getLogger("taskhub.demo")
 FLEET_STOP_S = 5.0  # its bridges give an in-flight control message this long, at most
@@ -100,11 +102,11 @@ def banner(url: str) -> str:
     )
 
 
-def add_demo_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--port", type=int, default=8080, help="port (default %(default)s)")
-    parser.add_argument("--host", default="127.0.0.1", help="loopback address to bind")
-    parser.add_argument(
-        "--data-dir", type=Path, help="keep the NATS store here (default: a temporary one)"
+def add_demo_options(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> None:
+    add_option(parser, env, "port", int, 8080, "port")
+    add_option(parser, env, "host", str, "127.0.0.1", "loopback address to bind")
+    add_option(
+        parser, env, "data-dir", Path, None, "keep the NATS store here (default: a temporary one)"
     )
 
 

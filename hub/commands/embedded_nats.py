@@ -18,7 +18,6 @@ from __future__ import annotations
 import ctypes
 import json
 import os
-import re
 import shutil
 import signal
 import subprocess
@@ -27,48 +26,11 @@ import sysconfig
 import time
 from pathlib import Path
 
+from hub.settings import parse_sync
+
 
 class NatsServerError(RuntimeError):
     pass
-
-
-SYNC_ALWAYS = "always"
-# A Go duration as nats-server's `sync_interval` parses it: "2m", "10s", "1h30m", "500ms".
-_DURATION_RE = re.compile(r"(?:\d+(?:\.\d*)?|\.\d+)(?:ns|us|µs|ms|s|m|h)")
-_DURATION_UNIT_S = {
-    "ns": 1e-9,
-    "us": 1e-6,
-    "µs": 1e-6,
-    "ms": 1e-3,
-    "s": 1.0,
-    "m": 60.0,
-    "h": 3600.0,
-}
-
-
-def parse_sync(text: str) -> str:
-    """Check a `sync_interval` value: "always" or a positive Go duration; returns it
-    normalised (lower case, no spaces). Raises ValueError with the reason."""
-    value = text.strip().lower()
-    if value == SYNC_ALWAYS:
-        return value
-    if not value or _DURATION_RE.sub("", value) != "":
-        raise ValueError(
-            f"{text!r} is neither 'always' nor a duration such as 2m, 10s, 1h30m or 500ms"
-        )
-    if sync_seconds(value) <= 0:
-        raise ValueError(f"{text!r}: the sync interval must be longer than zero")
-    return value
-
-
-def sync_seconds(value: str) -> float:
-    """Seconds between syncs of a duration accepted by `parse_sync` (0 for "always")."""
-    if value == SYNC_ALWAYS:
-        return 0.0
-    total = 0.0
-    for match in re.finditer(r"([\d.]+)(ns|us|µs|ms|s|m|h)", value):
-        total += float(match.group(1)) * _DURATION_UNIT_S[match.group(2)]
-    return total
 
 
 def die_with_parent() -> None:

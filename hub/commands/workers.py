@@ -26,7 +26,7 @@ RESTART_BACKOFF_S = 1.0
 
 def _worker(config: Config, nats_url: str, sock: socket.socket) -> None:
     die_with_parent()
-    from hub.commands.cli import configure_logging, run_server  # the child's own imports
+    from hub.commands.server import configure_logging, run_server  # the child's own imports
 
     configure_logging(config)
     raise SystemExit(run_server(config, nats_url, sock))

@@ -14,8 +14,8 @@ from starlette.types import Receive, Scope, Send
 
 from hub.front_door.upstream import Upstream, Watch
 from hub.http.cors import adding_headers
-from hub.mcp import jsonrpc
 from hub.metrics import Metrics
+from hub.rpc import jsonrpc
 
 RawHeaders = list[tuple[bytes, bytes]]
 

@@ -17,12 +17,12 @@ import ipaddress
 from collections.abc import Iterable
 from typing import NamedTuple
 
+from hub.admission.auth import COOKIE_NAME
 from hub.front_door.upstream_http import DECODABLE
-from hub.mcp.auth import COOKIE_NAME
-from hub.mcp.routing_headers import head_lines
+from hub.rpc.routing_headers import head_lines
+from hub.settings import Network
 
 RawHeaders = list[tuple[bytes, bytes]]
-Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 # RFC 9110 §7.6.1 hop-by-hop fields, and the framing the HTTP client sets itself.
 HOP_BY_HOP = frozenset(
@@ -66,13 +66,6 @@ class TrustedProxies:
         except ValueError:
             return False
         return any(ip in network for network in self.networks)
-
-
-def parse_trusted_proxies(text: str) -> tuple[Network, ...]:
-    """`ADDRESS[/BITS][,...]`; raises ValueError for anything else."""
-    return tuple(
-        ipaddress.ip_network(item.strip(), strict=False) for item in text.split(",") if item.strip()
-    )
 
 
 def request_headers(

@@ -32,7 +32,7 @@ from typing import Any
 import msgspec
 
 from bridge.wire import DetailedTask, InvalidEnvelope, check_task, encode, expires_at
-from hub.store.cache import TaskSnapshot
+from hub.store.snapshot import TaskSnapshot
 
 # Request headers that can carry a caller's credential to an upstream.
 CREDENTIAL_HEADERS = ("authorization", "cookie", "x-api-key")

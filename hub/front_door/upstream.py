@@ -27,20 +27,19 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import msgspec
 from starlette.types import Receive, Send
 
-from bridge.events import DEFAULT_SERVICE
 from hub.front_door import forwarding
 from hub.front_door.event_reader import EventReader, EventTooLarge, json_message
 from hub.front_door.upstream_http import Origin, Response, UpstreamFault
 from hub.front_door.upstream_pool import Pool
-from hub.mcp import jsonrpc
-from hub.mcp.routing_headers import encode_headers, head_lines
 from hub.metrics import Metrics
+from hub.rpc import jsonrpc
+from hub.rpc.routing_headers import encode_headers, head_lines
+from hub.settings import UpstreamSpec
 
 log = logging.getLogger("taskhub.upstream")
 
@@ -50,28 +49,6 @@ EVENT_STREAM = b"text/event-stream"
 SEND_SLICE = 256 << 10  # a whole answer goes to the client in writes of this size
 WATCHED_EVENT = 1 << 20  # an SSE event larger than this carries no task worth recording
 Watch = Callable[[bytes], Awaitable[None]]
-
-
-@dataclass(frozen=True)
-class UpstreamSpec:
-    """`--upstream [NAME=]URL`: NAME is None for the one served at `/mcp`."""
-
-    name: str | None
-    url: str
-
-    @property
-    def label(self) -> str:
-        """The service name: fleet events (bridge/events.py), metrics, logs and errors."""
-        return self.name or DEFAULT_SERVICE
-
-    @property
-    def path(self) -> str:
-        return "/mcp" if self.name is None else f"/servers/{self.name}/mcp"
-
-    @property
-    def legacy_path(self) -> str:
-        """Its 2025-11-25 door (hub/legacy/endpoint.py), beside `path`."""
-        return "/legacy/mcp" if self.name is None else f"/servers/{self.name}/legacy/mcp"
 
 
 class Answer(NamedTuple):

@@ -26,9 +26,9 @@ import msgspec
 from bridge.wire import EVENT_KINDS
 from hub.front_door.upstream import Declined, Upstream, UpstreamError
 from hub.front_door.upstream_tasks import Caller, own_request_headers
-from hub.mcp.protocol import LIST_CHANGED_FILTERS
 from hub.push.fanout import Fanout
 from hub.push.subscriber import Subscriber
+from hub.rpc.request import LIST_CHANGED_FILTERS
 
 log = logging.getLogger("taskhub.upstream_events")
 

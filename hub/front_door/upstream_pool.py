@@ -11,9 +11,9 @@ import contextlib
 import sys
 from collections.abc import Iterator
 
+from hub.admission.limits import ByteBudget, StreamLimiter
 from hub.front_door.upstream_http import HIGH_WATER, Client
-from hub.mcp import jsonrpc
-from hub.mcp.limits import ByteBudget, StreamLimiter
+from hub.rpc import jsonrpc
 
 POOL_CONNECTIONS = 1024  # per hub process, over all upstreams; an SSE reply holds one
 POOL_KEEPALIVE = 64  # idle connections kept for reuse

@@ -39,6 +39,7 @@ from bridge.vocabulary import (
     PROTOCOL_VERSION_KEY,
     TASKS_EXTENSION,
 )
+from hub.admission.auth import Identity
 from hub.front_door.kept_bucket import KeptBucket
 from hub.front_door.kept_tasks import (
     CredentialHasher,
@@ -48,9 +49,8 @@ from hub.front_door.kept_tasks import (
     task_from_result,
 )
 from hub.front_door.upstream import Answer, Upstream, UpstreamError
-from hub.mcp import jsonrpc
-from hub.mcp.auth import Identity
-from hub.store.cache import TaskSnapshot
+from hub.rpc import jsonrpc
+from hub.store.snapshot import TaskSnapshot
 from hub.store.source import StoreUnavailable
 
 log = logging.getLogger("taskhub.kept")

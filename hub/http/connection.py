@@ -45,8 +45,8 @@ from starlette.types import Message, Scope, Send
 
 from hub.http import uvicorn_internals as uv
 from hub.http import whole_post
-from hub.http.head_limits import HeadLimits
 from hub.http.uvicorn_internals import Cycle, RawHeaders
+from hub.settings import HeadLimits
 
 CONNECTION = "taskhub.connection"
 

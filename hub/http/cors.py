@@ -8,7 +8,6 @@ one origin's answer to another. Header names are lower case, ready for ASGI.
 from __future__ import annotations
 
 from collections.abc import Mapping, Set
-from urllib.parse import urlsplit
 
 from starlette.types import Message, Send
 
@@ -19,34 +18,6 @@ ALLOW_HEADERS = "Authorization, Content-Type, MCP-Protocol-Version, Mcp-Method, 
 # Beyond the CORS-safelisted ones, what a page may read: the 401 challenge and 429 back-off.
 EXPOSE_HEADERS = "WWW-Authenticate, Retry-After"
 MAX_AGE_S = 600
-_DEFAULT_PORTS = {"http": 80, "https": 443}
-
-
-def normalize_origin(text: str) -> str:
-    """A configured origin as browsers serialize `Origin`: `scheme://host[:port]`, lower case,
-    default port dropped, so an allow-list entry compares equal to the header with `==`."""
-    parts = urlsplit(text.strip())
-    try:
-        port = parts.port
-    except ValueError:
-        port = -1
-    host = parts.hostname
-    if (
-        not text.isascii()  # browsers send IDNs as punycode
-        or parts.scheme not in _DEFAULT_PORTS
-        or not host
-        or port == -1
-        or parts.path not in ("", "/")
-        or parts.query
-        or parts.fragment
-        or "@" in parts.netloc
-    ):
-        raise ValueError(f"{text!r} is not an http(s) origin like https://dash.example.com")
-    if ":" in host:
-        host = f"[{host}]"  # IPv6 literal
-    if port is not None and port != _DEFAULT_PORTS[parts.scheme]:
-        host = f"{host}:{port}"
-    return f"{parts.scheme}://{host}"
 
 
 def is_preflight(method: str, headers: Mapping[str, str]) -> bool:

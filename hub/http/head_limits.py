@@ -12,20 +12,8 @@ the hub allows a 32 KiB head, room for a bearer token and a browser's cookies.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
-
-@dataclass(frozen=True, slots=True)
-class HeadLimits:
-    target: int = 8 * 1024  # the request target (path and query), in bytes
-    field: int = 8 * 1024  # one header field: name, colon and value
-    fields: int = 100  # header fields in one head
-    head: int = 32 * 1024  # the whole head, request line to blank line
-    # What a request may send after its head (body, chunk framing, trailer fields) before
-    # the connection is dropped: well over any body the hub reads (--max-body-bytes), so
-    # that a client sending one too large still reads its 413, and a bound on the rest,
-    # which the parser would otherwise gather (a trailer field) without end.
-    rest: int = 2 * (1 << 20) + 64 * 1024  # rest_for(the default --max-body-bytes)
+from hub.settings import HeadLimits
 
 
 class HeadRefused(Exception):
@@ -51,11 +39,6 @@ def too_many_fields(limits: HeadLimits) -> HeadRefused:
 
 def head_too_large(limits: HeadLimits) -> HeadRefused:
     return HeadRefused(431, f"Request head larger than {limits.head} bytes")
-
-
-def rest_for(max_body_bytes: int) -> int:
-    """`HeadLimits.rest` for a hub that reads bodies of up to `max_body_bytes`."""
-    return 2 * max_body_bytes + 64 * 1024
 
 
 def judge(

@@ -16,6 +16,8 @@ from __future__ import annotations
 import ipaddress
 from collections.abc import Iterable
 
+from hub.settings import host_name
+
 MEMO = 1024  # Host values remembered with their answer; a client sends the same each time
 
 
@@ -43,22 +45,6 @@ class HostRule:
     def _judge(self, host: str) -> bool:
         name = host_name(host)
         return name is not None and (name in self.names or _is_address(name))
-
-
-def host_name(host: str) -> str | None:
-    """The name or address a `Host` value names, lower case, without the port; None
-    when it is no `host[:port]` at all."""
-    host = host.strip().lower()
-    if host.startswith("["):  # an IPv6 literal
-        end = host.find("]")
-        rest = host[end + 1 :]
-        if end < 0 or not (rest == "" or (rest[:1] == ":" and rest[1:].isdigit())):
-            return None
-        return host[: end + 1]
-    name, colon, port = host.partition(":")
-    if colon and not port.isdigit():
-        return None
-    return name or None
 
 
 def _is_address(name: str) -> bool:

@@ -31,8 +31,9 @@ from uvicorn.protocols.http.httptools_impl import (
 )
 
 from hub.http import head_limits
-from hub.http.head_limits import HeadLimits, HeadRefused
-from hub.mcp.routing_headers import head_lines
+from hub.http.head_limits import HeadRefused
+from hub.rpc.routing_headers import head_lines
+from hub.settings import HeadLimits
 
 Cycle = RequestResponseCycle
 RawHeaders = list[tuple[bytes, bytes]]

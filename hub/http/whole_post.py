@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import NamedTuple
 
-from hub.http.head_limits import HeadLimits
+from hub.settings import HeadLimits
 
 # What a target and a header name may hold. The whole head must be `str.isprintable`
 # between its line ends (visible ASCII, spaces, latin-1 letters): stricter than llhttp,

@@ -29,6 +29,7 @@ import msgspec
 from starlette.types import Receive, Scope, Send
 
 from bridge.wire import UpdateMessage, control_message_id, encode
+from hub.admission.auth import AuthError, Identity
 from hub.front_door.forwarding import TrustedProxies
 from hub.front_door.upstream import Upstream, UpstreamError
 from hub.front_door.upstream_tasks import REQUEST_META, Caller
@@ -50,11 +51,10 @@ from hub.legacy.vocabulary import (
     modern_params,
     plain_result,
 )
-from hub.mcp import jsonrpc
-from hub.mcp.auth import AuthError, Identity
 from hub.mcp.endpoint import BodyError, Reply, authenticate, caller_of, read_body, upstreams_task
 from hub.mcp.handlers import find_task
-from hub.mcp.routing_headers import encode_header_value, encode_headers, header_map
+from hub.rpc import jsonrpc
+from hub.rpc.routing_headers import encode_header_value, encode_headers, header_map
 from hub.runtime import Hub
 from hub.store.source import StoreUnavailable
 

@@ -23,8 +23,8 @@ from typing import Any
 import msgspec
 
 from hub.legacy.vocabulary import LEGACY_VERSION
-from hub.mcp import jsonrpc
-from hub.mcp.jsonrpc import RpcError, shorten
+from hub.rpc import jsonrpc
+from hub.rpc.jsonrpc import RpcError, shorten
 
 RawHeaders = list[tuple[bytes, bytes]]
 # The SDK transport's codes: -32000 for what JSON-RPC has no code for, -32001 for a session.

@@ -16,12 +16,12 @@ from typing import Any
 
 import msgspec
 
+from hub.admission.auth import Identity
 from hub.front_door.upstream import Upstream
 from hub.front_door.upstream_tasks import Caller, PassThrough, own_request_headers
-from hub.mcp import jsonrpc
-from hub.mcp.auth import Identity
+from hub.rpc import jsonrpc
 from hub.runtime import Hub
-from hub.store.cache import TaskSnapshot
+from hub.store.snapshot import TaskSnapshot
 
 RawHeaders = list[tuple[bytes, bytes]]
 

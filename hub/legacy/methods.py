@@ -18,10 +18,10 @@ import msgspec
 
 from bridge.wire import CancelMessage, control_message_id, encode
 from hub.legacy.vocabulary import legacy_status, legacy_task
-from hub.mcp import jsonrpc
 from hub.mcp.handlers import find_task
+from hub.rpc import jsonrpc
 from hub.runtime import Hub
-from hub.store.cache import TaskSnapshot
+from hub.store.snapshot import TaskSnapshot
 from hub.store.source import StoreUnavailable
 
 LIST_PAGE = 50

@@ -22,9 +22,9 @@ from starlette.types import Receive, Send
 from hub.legacy.results import SHUTDOWN_CHECK_S, disconnected, start_event_stream
 from hub.legacy.sessions import Session
 from hub.legacy.vocabulary import legacy_task
-from hub.mcp import jsonrpc
+from hub.rpc import jsonrpc
 from hub.runtime import Hub
-from hub.store.cache import TaskSnapshot
+from hub.store.snapshot import TaskSnapshot
 
 CLOCK_SLACK_S = 60.0  # a server's clock may trail the hub's: its createdAt may too
 

@@ -20,7 +20,7 @@ from starlette.types import Receive, Send
 
 from hub.legacy.errors import error_object, method_error
 from hub.legacy.vocabulary import RELATED_TASK_KEY, task_outcome
-from hub.mcp import jsonrpc
+from hub.rpc import jsonrpc
 from hub.runtime import Hub
 
 _INPUT_PREFIX = "taskhub-input:"

@@ -2,7 +2,7 @@
 
 Checks run in the order of docs/protocol.md#validation-order, all before any SSE byte: method
 (405, CORS preflight), Origin (403), credentials (401), body (413/408), then the
-message itself (hub/mcp/protocol.py) and its method (hub/mcp/handlers.py). Every check but the
+message itself (hub/rpc/request.py) and its method (hub/mcp/handlers.py). Every check but the
 body read and the dispatch is a plain function returning either what the next step
 needs or the finished `Reply`, so the same code serves two entries:
 
@@ -21,6 +21,7 @@ from typing import Any
 
 from starlette.types import Receive, Scope, Send
 
+from hub.admission.auth import AuthError, Identity, credentials_from
 from hub.front_door import forwarding
 from hub.front_door.forward_call import Forwarding, Outgoing
 from hub.front_door.forwarding import TrustedProxies
@@ -29,9 +30,11 @@ from hub.front_door.upstream_tasks import Caller, PassThrough
 from hub.http.connection import WholeResponse, connection_of
 from hub.http.cors import adding_headers, is_preflight, preflight_headers
 from hub.http.cors import response_headers as cors_response_headers
-from hub.mcp import handlers, jsonrpc
-from hub.mcp.auth import AuthError, Identity, credentials_from
-from hub.mcp.protocol import (
+from hub.mcp import handlers
+from hub.push.listen_stream import ListenStream
+from hub.push.subscriber import Subscriber
+from hub.rpc import jsonrpc
+from hub.rpc.request import (
     LEGACY_METHODS,
     METHODS,
     Forward,
@@ -41,11 +44,9 @@ from hub.mcp.protocol import (
     parse_request,
     plain_tasks_get,
 )
-from hub.mcp.routing_headers import encode_headers, header_map
-from hub.push.listen_stream import ListenStream
-from hub.push.subscriber import Subscriber
+from hub.rpc.routing_headers import encode_headers, header_map
 from hub.runtime import Hub
-from hub.store.cache import TaskSnapshot
+from hub.store.snapshot import TaskSnapshot
 from hub.store.source import StoreUnavailable
 
 # The methods answered in place when cached (by their Mcp-Method header, a hint only:

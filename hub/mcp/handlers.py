@@ -1,6 +1,6 @@
 """The MCP methods the hub serves, each a function of the hub, a request and a caller.
 
-Requests arrive validated (hub/mcp/protocol.py); these functions only decide the answer.
+Requests arrive validated (hub/rpc/request.py); these functions only decide the answer.
 Unknown, expired and foreign tasks get the very same error, so a caller learns
 nothing about tasks it does not own (invariant 3, H46).
 """
@@ -17,15 +17,15 @@ import msgspec
 
 from bridge.vocabulary import SERVER_INFO_KEY, SUPPORTED_VERSIONS, TASKS_EXTENSION
 from bridge.wire import MAX_URI_BYTES, CancelMessage, UpdateMessage, control_message_id, encode
-from hub.mcp import jsonrpc
-from hub.mcp.auth import Identity
-from hub.mcp.limits import retry_after
-from hub.mcp.protocol import LIST_CHANGED_FILTERS, Request
+from hub.admission.auth import Identity
+from hub.admission.limits import retry_after
 from hub.push.listen_stream import ListenStream
 from hub.push.sse_frames import ack_frame
 from hub.push.subscriber import EndReason, Subscriber
+from hub.rpc import jsonrpc
+from hub.rpc.request import LIST_CHANGED_FILTERS, Request
 from hub.runtime import Hub
-from hub.store.cache import TaskSnapshot
+from hub.store.snapshot import TaskSnapshot
 from hub.store.source import StoreUnavailable
 
 DISCOVER_TTL_MS = 3_600_000

@@ -5,7 +5,7 @@ to NATS on a miss), with `ETag` = the revision (the KV stream sequence), 304 for
 `If-None-Match`, and `Cache-Control: private, max-age` = the task's `pollIntervalMs` (the
 rate it asks to be polled at). Ownership is that of `tasks/get`: a foreign task is a 404
 exactly like an unknown one (H46). Credentials: a bearer token, or the dashboard's cookie
-under its same-origin rule (hub/mcp/auth.py, docs/dashboard.md). Origins as on `/mcp`: a
+under its same-origin rule (hub/admission/auth.py, docs/dashboard.md). Origins as on `/mcp`: a
 foreign `Origin` is 403.
 """
 
@@ -19,10 +19,10 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from bridge.vocabulary import TASK_NOT_FOUND
-from hub.mcp import jsonrpc
-from hub.mcp.auth import AuthError, Identity
+from hub.admission.auth import AuthError, Identity
 from hub.mcp.endpoint import authenticate
 from hub.mcp.handlers import find_task
+from hub.rpc import jsonrpc
 from hub.runtime import Hub
 
 DEFAULT_MAX_AGE_S = 1  # for a task without pollIntervalMs

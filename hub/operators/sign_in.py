@@ -1,7 +1,7 @@
 """`/dashboard/session`: the dashboard's sign-in, the one place the token cookie is set.
 
 The page cannot send an `Authorization` header on its stream (`EventSource`), so its
-token rides in the `taskhub_token` cookie (hub/mcp/auth.py). The hub sets that cookie itself,
+token rides in the `taskhub_token` cookie (hub/admission/auth.py). The hub sets that cookie itself,
 after checking the token: `HttpOnly`, so no script on the page (nor one injected into it)
 can read the token; `SameSite=Strict` and `Path=/`; `Secure` when the hub is reached over
 https; and only for as long as the token is valid. `POST` with `{"token": "<jwt>"}` signs
@@ -19,10 +19,10 @@ import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
 
-from hub.mcp import jsonrpc
-from hub.mcp.auth import COOKIE_NAME, AuthError, foreign_page
+from hub.admission.auth import COOKIE_NAME, AuthError, foreign_page
 from hub.mcp.endpoint import BodyError, read_body
 from hub.mcp.task_reads import json_error
+from hub.rpc import jsonrpc
 from hub.runtime import Hub
 
 MAX_BODY = 16 * 1024  # a token, with room to spare

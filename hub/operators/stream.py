@@ -3,7 +3,7 @@
 
 Operators (a token with the operator claim) see every task and the fleet's servers; anyone
 else their own tasks, the rule of `tasks/get` (and on an open hub, the servers too). The
-stream is a watcher (hub/operators/watcher.py) on the fan-out, written by the listen stream's writer
+stream is a watcher (hub/push/watcher.py) on the fan-out, written by the listen stream's writer
 (hub/push/listen_stream.py), so it coalesces, keeps alive, drops a reader that stopped reading and
 says goodbye on shutdown exactly as a listen stream does. Its first states are read from the
 cache in the same turn that registers it, so no change falls between them.
@@ -19,14 +19,14 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from bridge.wire import Status
+from hub.admission.auth import Identity
+from hub.admission.limits import retry_after
 from hub.http.cors import adding_headers, response_headers
-from hub.mcp import jsonrpc
-from hub.mcp.auth import Identity
-from hub.mcp.limits import retry_after
 from hub.mcp.task_reads import identify_reader, json_error
-from hub.operators.watcher import TaskFilter, Watcher, sse_event
 from hub.push.listen_stream import ListenStream
 from hub.push.subscriber import Subscriber
+from hub.push.watcher import TaskFilter, Watcher, sse_event
+from hub.rpc import jsonrpc
 from hub.runtime import Hub
 
 STATUSES: tuple[str, ...] = get_args(Status)

@@ -25,6 +25,7 @@ import msgspec
 from rich.console import Console
 from rich.live import Live
 
+from hub.config import add_option
 from hub.operators import tail_view
 from hub.operators.tail_view import Change, TaskChanged, TaskRemoved, View
 
@@ -59,12 +60,8 @@ class TailOptions:
 
 
 def add_tail_options(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> None:
-    parser.add_argument("--url", default=TailOptions.url, help="the hub (default %(default)s)")
-    parser.add_argument(
-        "--token",
-        default=env.get("TASKHUB_TOKEN") or None,
-        help="bearer token for an authenticated hub [env TASKHUB_TOKEN]",
-    )
+    add_option(parser, env, "url", str, TailOptions.url, "the hub")
+    add_option(parser, env, "token", str, None, "bearer token for an authenticated hub")
     for flag, what in (("server", "server id"), ("status", "status"), ("owner", "owner")):
         parser.add_argument(
             f"--{flag}",
@@ -89,7 +86,7 @@ def options_from_namespace(ns: argparse.Namespace) -> TailOptions:
 
     return TailOptions(
         url=ns.url,
-        token=ns.token,
+        token=ns.token or None,
         servers=split(ns.server),
         statuses=split(ns.status),
         owners=split(ns.owner),

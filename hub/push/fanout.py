@@ -13,7 +13,7 @@ stream that cannot take a write now (socket buffer full, or no direct channel) w
 own writer. One hub-wide tick, not a timer per stream, sends keep-alives and drops
 streams whose client stopped reading.
 
-Operator streams (hub/operators/watcher.py, docs/dashboard.md) are watchers: they see every
+Operator streams (hub/push/watcher.py, docs/dashboard.md) are watchers: they see every
 published revision and removal through their own filter. Their flush runs at most every
 WATCHER_BATCH_S: a person's screen draws 60 times a second, and changes that arrive
 meanwhile go out in one write per dashboard instead of one each.
@@ -30,11 +30,11 @@ from collections.abc import Callable, Iterable
 
 from bridge.wire import EVENT_KINDS
 from hub.metrics import Metrics
-from hub.operators.watcher import COALESCED, TaskEvents, Watcher
 from hub.push.followers import Followers
 from hub.push.sse_frames import event_frame
 from hub.push.subscriber import EndReason, Subscriber, flush_all, offer_all
-from hub.store.cache import TaskSnapshot
+from hub.push.watcher import COALESCED, TaskEvents, Watcher
+from hub.store.snapshot import TaskSnapshot
 
 # (service, kind, uri): kind "tools", "prompts", "resources" (uri "") or "resource" (a URI).
 EventKey = tuple[str, str, str]
@@ -46,8 +46,8 @@ class Fanout:
     """The registry of subscribers by task id, and the per-turn flush."""
 
     def __init__(self, metrics: Metrics) -> None:
-        self._by_task: dict[str, Followers] = {}
-        self._lanes_due: dict[str, Followers] = {}  # tasks with a change for their lane
+        self._by_task: dict[str, Followers[Subscriber]] = {}
+        self._lanes_due: dict[str, Followers[Subscriber]] = {}  # tasks with a change for their lane
         self._subscribers: set[Subscriber] = set()
         self._dirty: set[Subscriber] = set()
         self._watchers: set[Watcher] = set()

@@ -24,13 +24,31 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from itertools import repeat
 from operator import call
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 from hub.push.sse_frames import chunk_head, chunk_tail
-from hub.store.cache import TaskSnapshot
+from hub.store.snapshot import TaskSnapshot
 
 if TYPE_CHECKING:
-    from hub.push.subscriber import Subscriber
+    from hub.http.connection import Channel
+
+
+class Member(Protocol):
+    """What the lane needs of a follower: a listen stream (hub/push/subscriber.py)."""
+
+    lane: Followers[Any] | None
+    last_write: float  # loop time
+
+    @property
+    def prefix(self) -> bytes: ...
+
+    @property
+    def channel(self) -> Channel | None: ...
+
+    def offer(self, snapshot: TaskSnapshot) -> bool: ...
+
+    def wake(self) -> None: ...
+
 
 _join = b"".join
 # Lane members by the length of their frame prefix (one chunk size line each), as
@@ -38,7 +56,10 @@ _join = b"".join
 _Group = tuple[int, list[Callable[[bytes], None]], list[bytes]]
 
 
-class Followers:
+M = TypeVar("M", bound=Member)
+
+
+class Followers(Generic[M]):
     """Who follows one task: `others` through their backlogs, `express` in the lane.
 
     `pending` is the revision published for the lane and not yet written; `last_write`
@@ -48,8 +69,8 @@ class Followers:
     __slots__ = ("_groups", "express", "last_write", "others", "pending")
 
     def __init__(self) -> None:
-        self.others: set[Subscriber] = set()
-        self.express: dict[Subscriber, None] = {}
+        self.others: set[M] = set()
+        self.express: dict[M, None] = {}
         self.pending: TaskSnapshot | None = None
         self.last_write = 0.0
         self._groups: list[_Group] | None = None  # made from `express` when next written
@@ -57,14 +78,14 @@ class Followers:
     def __len__(self) -> int:
         return len(self.others) + len(self.express)
 
-    def __iter__(self) -> Iterator[Subscriber]:
+    def __iter__(self) -> Iterator[M]:
         yield from self.others
         yield from self.express
 
-    def add(self, subscriber: Subscriber) -> None:
+    def add(self, subscriber: M) -> None:
         self.others.add(subscriber)
 
-    def remove(self, subscriber: Subscriber) -> None:
+    def remove(self, subscriber: M) -> None:
         """Stop following; a change still pending for the lane is offered (it goes out)."""
         if subscriber.lane is self:
             self.leave(subscriber)
@@ -72,14 +93,14 @@ class Followers:
 
     # -- the lane ---------------------------------------------------------------------------
 
-    def join(self, subscriber: Subscriber) -> None:
+    def join(self, subscriber: M) -> None:
         """Into the lane (the caller checked that it may): changes skip its backlog."""
         self.others.discard(subscriber)
         self.express[subscriber] = None
         subscriber.lane = self
         self._groups = None
 
-    def leave(self, subscriber: Subscriber) -> None:
+    def leave(self, subscriber: M) -> None:
         """Out of the lane, back to the backlog: a pending change is offered to it, and its
         writer woken to write it (once it can)."""
         del self.express[subscriber]
@@ -90,7 +111,7 @@ class Followers:
             subscriber.offer(self.pending)
             subscriber.wake()
 
-    def dissolve(self) -> list[Subscriber]:
+    def dissolve(self) -> list[M]:
         """Everyone out of the lane (the task is no longer followed); returns who was in
         it. A pending change is offered to each, as `leave` does."""
         members = list(self.express)

@@ -13,8 +13,8 @@ from typing import Any
 import msgspec
 
 from bridge import vocabulary
-from hub.mcp.jsonrpc import line_safe
-from hub.store.cache import TaskSnapshot
+from hub.rpc.jsonrpc import line_safe
+from hub.store.snapshot import TaskSnapshot
 
 SUBSCRIPTION_ID_KEY = msgspec.json.encode(vocabulary.SUBSCRIPTION_ID_KEY) + b":"
 KEEPALIVE_FRAME = b":\n\n"  # H20: a comment line, ignored by every SSE parser

@@ -44,7 +44,7 @@ from hub.push.sse_frames import (
     notification_prefix,
     task_frames,
 )
-from hub.store.cache import TaskSnapshot
+from hub.store.snapshot import TaskSnapshot
 
 if TYPE_CHECKING:
     from hub.push.followers import Followers
@@ -118,7 +118,7 @@ class Subscriber:
         self.on_wake: Callable[[], None] | None = None
         # The followers of its one task whose express lane it rides, if it does
         # (hub/push/followers.py): it is live and writable, and its backlog stays empty.
-        self.lane: Followers | None = None
+        self.lane: Followers[Subscriber] | None = None
 
     # -- the backlog ----------------------------------------------------------------------
 

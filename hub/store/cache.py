@@ -20,7 +20,6 @@ import struct
 import sys
 import time
 from collections.abc import Callable, Iterable
-from enum import Enum
 
 import msgspec
 
@@ -30,7 +29,9 @@ from bridge.wire import (
     decode_stored,
     encode,
 )
-from hub.mcp.jsonrpc import line_safe
+from hub.rpc.jsonrpc import line_safe
+from hub.store.listener import NOBODY, Listener
+from hub.store.snapshot import Rejected, TaskSnapshot
 
 # A deleted key remembers its delete revision this long, so a slower read-through of
 # an older value cannot bring the task back.
@@ -58,37 +59,6 @@ _STATUS_INDEX = {status: index for index, status in enumerate(STATUSES)}
 _NO_EXPIRY = math.nan
 
 
-class Rejected(Enum):
-    MALFORMED = "malformed"
-    KEY_MISMATCH = "key_mismatch"
-    STALE = "stale"
-    TERMINAL_CHANGE = "terminal_change"
-    OWNER_CHANGE = "owner_change"
-
-
-class TaskSnapshot(msgspec.Struct, frozen=True, gc=False):
-    """One revision of one task; `body` is its DetailedTask JSON, shared by every reader.
-
-    Untracked by the garbage collector (it holds no containers, so it can be in no
-    cycle): a million cached tasks cost the collector nothing and 16 bytes less each."""
-
-    task_id: str
-    owner: str
-    server: str
-    revision: int
-    status: str
-    expires_at: float | None  # epoch seconds; None = unlimited
-    body: bytes
-    poll_interval_ms: int | None = None
-
-    @property
-    def terminal(self) -> bool:
-        return self.status in TERMINAL
-
-    def expired(self, now: float) -> bool:
-        return self.expires_at is not None and now >= self.expires_at
-
-
 class CachePart(msgspec.Struct, array_like=True):
     """A cache's tasks and indexes as `TaskCache.part` gives them, for `merge` (sent
     between processes as MessagePack)."""
@@ -101,25 +71,14 @@ class CachePart(msgspec.Struct, array_like=True):
     rejected: dict[str, int]  # Rejected's value → how many
 
 
-ChangeListener = Callable[[TaskSnapshot], None]
-RemoveListener = Callable[[TaskSnapshot], None]
-RejectListener = Callable[[Rejected], None]
-
-
-def _ignore(_: object) -> None:
-    return None
-
-
 class TaskCache:
     """Holds snapshots by task id; calls `on_change` for every accepted new revision and
     `on_remove` with the last snapshot of every task it drops."""
 
     def __init__(
         self,
+        listener: Listener = NOBODY,
         *,
-        on_change: ChangeListener = _ignore,
-        on_remove: RemoveListener = _ignore,
-        on_reject: RejectListener = _ignore,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self._tasks: dict[str, bytes] = {}  # task id → pack(snapshot)
@@ -132,9 +91,9 @@ class TaskCache:
         # Per server: [tasks, of which not terminal] (the operator stream's fleet view).
         self._servers: dict[str, list[int]] = {}
         self._rejected: dict[str, int] = {}  # by reason: what `part` hands on
-        self._on_change = on_change
-        self._on_remove = on_remove
-        self._on_reject = on_reject
+        self._on_change = listener.changed  # bound once: called for every change
+        self._on_remove = listener.removed
+        self._on_reject = listener.rejected
         self._clock = clock
 
     def __len__(self) -> int:

@@ -28,7 +28,6 @@ import json
 import logging
 import time
 import urllib.request
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -49,11 +48,13 @@ from bridge.wire import (
     kv_subject,
 )
 from hub.metrics import Metrics
-from hub.store.bucket_watch import NO_BATCH, Batch, BucketWatch
-from hub.store.cache import TaskCache, TaskSnapshot
+from hub.store.bucket_watch import Batch, BucketWatch
+from hub.store.cache import TaskCache
 from hub.store.checkpointer import Checkpoints
 from hub.store.first_read.run import read_in_bulk
 from hub.store.first_read.worker import SPLIT_FROM, split_at
+from hub.store.listener import NOBODY, Listener
+from hub.store.snapshot import TaskSnapshot
 
 log = logging.getLogger("taskhub.nats")
 
@@ -117,6 +118,7 @@ class NatsSource:
         cache: TaskCache,
         metrics: Metrics,
         *,
+        listener: Listener = NOBODY,
         replicas: int = 1,
         request_timeout: float = 2.0,
         nats_options: dict[str, Any] | None = None,
@@ -172,9 +174,9 @@ class NatsSource:
             )
         )
         self._cleanups: set[asyncio.Task[None]] = set()
-        self.on_reconnected: Callable[[], None] | None = None  # after the watch is restarted
-        # Called around each batch of changes the watch read at once (the fan-out's).
-        self.batch: Batch = NO_BATCH
+        self._listener = listener  # the cache's too: told of every change
+        # Around each batch of changes the watch read at once: delivered together.
+        self._batch: Batch = (listener.hold, listener.release)
 
     @property
     def ready(self) -> bool:
@@ -379,7 +381,7 @@ class NatsSource:
             self._progressed,
             self._feed_ended,
             self._forget_consumer,
-            self.batch,
+            self._batch,
         )
         await feed.start(self._here(), self.nats_options, config)
         self._feed = feed
@@ -668,8 +670,7 @@ class NatsSource:
         else:
             self._leaving = None
         self._restart_watch()
-        if self.on_reconnected is not None:
-            self.on_reconnected()
+        self._listener.reconnected()
 
     def _restart_watch(self, counted: bool = True) -> None:
         """Not ready until the cache has caught up with what changed meanwhile."""

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from hub.mcp.jsonrpc import INTERNAL_ERROR
+from hub.rpc.jsonrpc import INTERNAL_ERROR
 from tests.chaos.history import GetAnswer, History, Session
 from tests.chaos.workload import ENDINGS, NO_ANSWER, rank
 

@@ -29,7 +29,7 @@ from pathlib import Path
 import pytest
 
 from examples.fleet import alpha
-from hub.front_door.upstream import UpstreamSpec
+from hub.settings import UpstreamSpec
 from tests.helpers import fleet_server, start_hub
 
 TS_DIR = Path(__file__).parent / "ts"

@@ -21,7 +21,7 @@ import httpx
 from starlette.types import Receive, Scope, Send
 
 from examples.own_store.server import OwnStoreServer
-from hub.front_door.upstream import UpstreamSpec
+from hub.settings import UpstreamSpec
 from tests.helpers import HubHarness, headers_for, rpc, serve_app, start_hub
 
 

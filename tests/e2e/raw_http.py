@@ -18,7 +18,7 @@ from typing import Any
 
 import httpx
 
-from hub.front_door.upstream import UpstreamSpec
+from hub.settings import UpstreamSpec
 from tests.e2e.test_front_door import chunk, sse_head
 from tests.e2e.test_serve import taskhub_command
 from tests.helpers import HubHarness, eventually, free_port, headers_for, rpc, start_served_hub

@@ -99,6 +99,43 @@ async def test_demo_serves_a_busy_fleet_and_stops_cleanly(tmp_path: Path) -> Non
             await process.wait()
 
 
+async def test_demo_reads_its_options_from_the_environment_as_serve_does(
+    tmp_path: Path,
+) -> None:
+    """`TASKHUB_PORT=… TASKHUB_DATA_DIR=… taskhub demo`: the variables the README promises
+    for every command (before, the demo's own parser ignored them and served on 8080)."""
+    port = free_port()
+    data_dir = tmp_path / "demo-data"
+    process = await asyncio.create_subprocess_exec(
+        *(sys.executable, "-m", "hub.commands.cli", "demo"),
+        cwd=ROOT,
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE,
+        env={**os.environ, "TASKHUB_PORT": str(port), "TASKHUB_DATA_DIR": str(data_dir)},
+    )
+    try:
+        async with httpx.AsyncClient(timeout=5.0) as client:
+
+            async def ready() -> bool:
+                try:
+                    return (await client.get(f"http://127.0.0.1:{port}/readyz")).status_code == 200
+                except httpx.TransportError:
+                    return False
+
+            await eventually(ready, timeout=15, interval=0.05)
+        assert (data_dir / "nats").is_dir()  # the store is where the variable said
+        process.send_signal(signal.SIGTERM)
+        assert process.stderr is not None
+        errors = (await asyncio.wait_for(process.stderr.read(), 15)).decode()
+        assert await asyncio.wait_for(process.wait(), 15) == 0, errors
+        assert (data_dir / "nats").is_dir()  # a given data dir is kept
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+
+
 async def test_the_fleet_steers_its_tasks_through_the_hub(
     nats_url: str, bucket: str, tmp_path: Path
 ) -> None:

@@ -19,10 +19,10 @@ from bridge.jetstream import ensure_bucket, ensure_control_stream
 from bridge.wire import kv_stream, kv_subject
 from hub.commands.embedded_nats import NatsServerProcess
 from hub.metrics import Metrics
-from hub.store.cache import Rejected, TaskCache
+from hub.store.cache import TaskCache
 from hub.store.first_read.worker import LaterHalf, cores
 from hub.store.source import NatsSource
-from tests.helpers import envelope, eventually, free_port, new_task_id
+from tests.helpers import Recorder, envelope, eventually, free_port, new_task_id
 
 
 async def put_many(nc: Any, js: Any, bucket: str, values: dict[str, bytes]) -> None:
@@ -101,8 +101,9 @@ async def test_a_hub_with_nothing_cached_reads_every_task_in_bulk(
     await kv.put(bad, b"{not json")
     await kv.put(misplaced, envelope(new_task_id()))
     # Pings every 50 ms: their answers reach the reader's parser between the frames.
-    rejected: list[Rejected] = []
-    cache = TaskCache(on_reject=rejected.append)
+    heard = Recorder()
+    rejected = heard.rejections
+    cache = TaskCache(heard)
     source = source_for(
         nats_url, bucket, cache, split, ping_interval=0.05, max_outstanding_pings=20
     )

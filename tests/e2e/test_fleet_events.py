@@ -25,7 +25,7 @@ from mcp import Client
 from bridge import FleetEvents, TaskBridge
 from bridge.wire import event_subject
 from examples.fleet import alpha
-from hub.front_door.upstream import UpstreamSpec
+from hub.settings import UpstreamSpec
 from tests.helpers import (
     SUB_KEY,
     HubHarness,

@@ -27,7 +27,7 @@ from mcp import Client
 from examples.fleet import alpha, beta
 from examples.fleet.client import demo
 from examples.fleet.tasks_client import CreateTaskResult, HubTasks, TaskCalls
-from hub.front_door.upstream import UpstreamSpec
+from hub.settings import UpstreamSpec
 from tests.helpers import (
     TASKS_EXT,
     HubHarness,

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from hub.front_door.upstream import UpstreamSpec
+from hub.settings import UpstreamSpec
 from tests.e2e.raw_http import (
     Received,
     call,

@@ -15,8 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from hub.front_door.forwarding import parse_trusted_proxies
-from hub.front_door.upstream import UpstreamSpec
+from hub.settings import UpstreamSpec, parse_trusted_proxies
 from tests.e2e.raw_http import (
     Answer,
     Received,

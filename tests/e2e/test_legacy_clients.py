@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 
 from examples.fleet import alpha
-from hub.front_door.upstream import UpstreamSpec
+from hub.settings import UpstreamSpec
 from tests.e2e import npm
 from tests.e2e.mcpdo import Mcpdo, McpdoError
 from tests.e2e.npm import TS_DIR

@@ -21,7 +21,7 @@ import pytest
 
 from bridge import TaskBridge
 from examples.fleet import alpha
-from hub.front_door.upstream import UpstreamSpec
+from hub.settings import UpstreamSpec
 from tests.cluster import taskhub_command
 from tests.e2e.test_front_door import hub_in_front
 from tests.helpers import (

@@ -19,7 +19,7 @@ import httpx
 import pytest
 
 from bridge.wire import kv_subject
-from hub.front_door.upstream import UpstreamSpec
+from hub.settings import UpstreamSpec
 from tests.helpers import HubHarness, envelope, free_port, new_task_id, start_hub
 
 pytestmark = pytest.mark.timeout(60)

@@ -359,7 +359,7 @@ async def test_a_server_announces_its_services_events_and_no_other(
         async def on_event(msg: Any) -> None:
             await heard.put(msg.subject)
 
-        await hub.nc.subscribe("mcp.events.>", cb=on_event)  # what hub/store/fleet_events.py does
+        await hub.nc.subscribe("mcp.events.>", cb=on_event)  # what hub/push/fleet_events.py does
         await hub.nc.flush()
         await FleetEvents(srv.nc, "other").tools_changed()
         await srv.violation("publish", "mcp.events.other.tools.list_changed")

@@ -24,7 +24,7 @@ from bridge import TaskBridge
 from bridge.wire import CONTROL_STREAM
 from examples.fleet.tasks_client import CreateTaskResult, HubTasks, TaskCalls
 from hub.front_door.kept_bucket import kept_bucket, key_hash
-from hub.front_door.upstream import UpstreamSpec
+from hub.settings import UpstreamSpec
 from tests.cluster import HubProcess
 from tests.e2e.own_store import call, fronted, get, hub_before, own_store
 from tests.e2e.raw_http import Received, json_reply, kept_alive

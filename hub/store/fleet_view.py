@@ -17,7 +17,8 @@ from collections.abc import Callable
 from typing import Any
 
 from bridge.wire import CONTROL_STREAM, CONTROL_SUBJECT_PREFIX
-from hub.store.cache import TaskCache, TaskSnapshot
+from hub.store.cache import TaskCache
+from hub.store.snapshot import TaskSnapshot
 
 FLEET_EVERY_S = 2.0
 CONTROL_INFO_TIMEOUT_S = 1.0

@@ -16,9 +16,9 @@ from typing import Any
 
 import msgspec
 
-from hub.mcp.jsonrpc import line_safe
 from hub.push.subscriber import EndReason, Subscriber
-from hub.store.cache import TaskSnapshot
+from hub.rpc.jsonrpc import line_safe
+from hub.store.snapshot import TaskSnapshot
 
 QUEUED, COALESCED = 1, 2  # what an offer did (0: nothing)
 FRAME_MEMO_LIMIT = 32_768  # tasks whose latest frame is kept (~0.5 KB each)

@@ -19,9 +19,9 @@ from bridge.vocabulary import (
     SUPPORTED_VERSIONS,
     declares_tasks,
 )
-from hub.mcp import jsonrpc
-from hub.mcp.jsonrpc import RequestId, RpcError, shorten
-from hub.mcp.routing_headers import SENTINEL_PREFIX, decode_header_value, is_plain_safe
+from hub.rpc import jsonrpc
+from hub.rpc.jsonrpc import RequestId, RpcError, shorten
+from hub.rpc.routing_headers import SENTINEL_PREFIX, decode_header_value, is_plain_safe
 
 TASK_METHODS = frozenset({"tasks/get", "tasks/update", "tasks/cancel"})
 # H18: tasks/result and tasks/list are legacy; under 2026-07-28 they are unknown methods.

@@ -11,7 +11,7 @@ import binascii
 import re
 from collections.abc import Iterable, Mapping
 
-from hub.mcp.jsonrpc import RpcError, header_mismatch
+from hub.rpc.jsonrpc import RpcError, header_mismatch
 
 SENTINEL_PREFIX = "=?base64?"  # lowercase and case-sensitive (H14)
 SENTINEL_SUFFIX = "?="

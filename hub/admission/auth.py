@@ -15,7 +15,6 @@ import re
 import time
 from collections.abc import Mapping, Sequence, Set
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Literal
 
 from cryptography import x509
@@ -25,12 +24,10 @@ from joserfc import jws
 from joserfc.errors import JoseError
 from joserfc.jwk import ECKey, Key, OctKey, RSAKey
 
+from hub.settings import DEFAULT_LEEWAY_S, DEFAULT_OPERATOR_CLAIM, AuthSettings
+
 REALM = "taskhub"
 COOKIE_NAME = "taskhub_token"
-DEFAULT_LEEWAY_S = 30.0
-# The claim and value that make a caller an operator (docs/dashboard.md): `scope` as in
-# RFC 8693 §4.2, a space-separated string; a list of strings counts too.
-DEFAULT_OPERATOR_CLAIM = ("scope", "taskhub:operator")
 MIN_SECRET_BYTES = 32  # RFC 7518 §3.2: an HS256 key is at least as long as the hash
 _EC_ALGS = {"P-256": "ES256", "P-384": "ES384", "P-521": "ES512"}  # RFC 7518 §3.4
 _RSA_ALGS = frozenset({"RS256", "RS384", "RS512"})
@@ -66,31 +63,12 @@ class AuthError(Exception):
 
 
 @dataclass(frozen=True)
-class AuthSettings:
-    jwt_secret: str | None = None
-    jwt_public_key_file: Path | None = None  # PEM (key or certificate) or JWKS JSON
-    jwt_issuer: str | None = None
-    jwt_audience: str | None = None
-    leeway_s: float = DEFAULT_LEEWAY_S
-    operator_claim: tuple[str, str] = DEFAULT_OPERATOR_CLAIM
-
-
-@dataclass(frozen=True)
 class Identity:
     principal: str
     # When authenticate() would start refusing this token (exp + leeway); None if no exp.
     expires_at: float | None
     # The token carries the operator claim: the operator stream shows every task.
     operator: bool = False
-
-
-def parse_operator_claim(text: str) -> tuple[str, str]:
-    """`CLAIM=VALUE`, as `--operator-claim` takes it."""
-    claim, sep, value = text.partition("=")
-    claim, value = claim.strip(), value.strip()
-    if not (sep and claim and value):
-        raise ValueError(f"{text!r} is not CLAIM=VALUE, such as scope=taskhub:operator")
-    return claim, value
 
 
 def _holds(claims: Mapping[str, Any], claim: tuple[str, str]) -> bool:

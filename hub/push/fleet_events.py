@@ -15,7 +15,6 @@ MODULE:NAME` names another; a server can also narrow one update to `principals`.
 
 from __future__ import annotations
 
-import importlib
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -33,29 +32,6 @@ from hub.metrics import Metrics
 from hub.push.fanout import Fanout
 
 log = logging.getLogger("taskhub.events")
-
-ResourceRule = Callable[[str, str, str], bool]
-
-
-def any_caller_any_uri(principal: str, service: str, uri: str) -> bool:
-    """The default resource rule."""
-    return True
-
-
-def load_resource_rule(path: str | None) -> ResourceRule:
-    """`MODULE:NAME` → that callable; None → the default rule. Raises ValueError."""
-    if path is None:
-        return any_caller_any_uri
-    module_name, _, name = path.partition(":")
-    if not module_name or not name:
-        raise ValueError(f"resource rule {path!r}: expected MODULE:NAME")
-    try:
-        rule = getattr(importlib.import_module(module_name), name)
-    except (ImportError, AttributeError) as exc:
-        raise ValueError(f"resource rule {path!r}: {exc}") from None
-    if not callable(rule):
-        raise ValueError(f"resource rule {path!r} is not callable")
-    return rule  # type: ignore[no-any-return]
 
 
 ANNOUNCING_KEPT = 1024  # services remembered as announcing; NATS may name any

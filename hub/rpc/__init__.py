@@ -1,0 +1,1 @@
+"""MCP's JSON-RPC messages: framing and errors, routing headers, a request validated."""
