@@ -307,3 +307,44 @@ def test_every_citation_in_the_repository_resolves() -> None:
     assert PROTOCOL in texts and ARCHITECTURE in texts
     problems = broken_citations(texts, texts[PROTOCOL], texts[ARCHITECTURE])
     assert not problems, f"{len(problems)} citations do not resolve:\n" + "\n".join(problems)
+
+
+# -- the module table (docs/architecture.md, "Modules") ------------------------------------
+
+_MODULE_ROW = re.compile(r"^\| `((?:hub|bridge)/[^`]+\.py)` \|", re.M)
+
+
+def tabled_modules(architecture: str) -> set[str]:
+    """The modules the "Modules" section's tables name (a package's face may be named too)."""
+    section = architecture.split("\n## Modules\n", 1)[1].split("\n## ", 1)[0]
+    return {module for module in _MODULE_ROW.findall(section) if not module.endswith("__init__.py")}
+
+
+def package_modules(root: Path) -> set[str]:
+    """Every module under hub/ and bridge/ but the packages' `__init__.py`."""
+    return {
+        path.relative_to(root).as_posix()
+        for package in ("hub", "bridge")
+        for path in (root / package).rglob("*.py")
+        if path.name != "__init__.py" and "__pycache__" not in path.parts
+    }
+
+
+def test_the_module_tables_name_every_module_and_only_those() -> None:
+    tabled = tabled_modules((ROOT / "docs" / "architecture.md").read_text())
+    present = package_modules(ROOT)
+    assert not present - tabled, f"missing from docs/architecture.md: {sorted(present - tabled)}"
+    assert not tabled - present, f"gone, still in docs/architecture.md: {sorted(tabled - present)}"
+
+
+def test_the_module_table_check_sees_a_missing_and_a_gone_module(tmp_path: Path) -> None:
+    (tmp_path / "hub" / "store").mkdir(parents=True)
+    (tmp_path / "bridge").mkdir()
+    for name in ("hub/__init__.py", "hub/store/cache.py", "hub/new.py", "bridge/wire.py"):
+        (tmp_path / name).write_text("")
+    doc = "# A\n\n## Modules\n\n| `hub/store/cache.py` | x |\n| `hub/old.py` | y |\n" + (
+        "| `bridge/wire.py` | z |\n\n## Lifecycles\n\n| `hub/later.py` | not this section |\n"
+    )
+    tabled, present = tabled_modules(doc), package_modules(tmp_path)
+    assert present - tabled == {"hub/new.py"}
+    assert tabled - present == {"hub/old.py"}
