@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-CHECKED = ("hub", "bridge", "tests", "examples", "bench", "conformance")
+CHECKED = ("hub", "bridge", "tests", "examples", "bench", "conformance", ".ci")
 
 
 @pytest.mark.parametrize(
