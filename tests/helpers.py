@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
+import inspect
 import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -316,6 +318,15 @@ async def start_hub(
         timeout=httpx.Timeout(10.0), limits=httpx.Limits(max_connections=None)
     )
     return HubHarness(hub, server, task, url, client)
+
+
+def fingerprint(function: Any) -> str:
+    """A short hash of a function's source, comments and blank lines left out: the contract
+    tests (tests/test_*_internals.py) pin the library code an adapter was verified against."""
+    source = inspect.getsource(function)
+    # Comments and blank lines are not behaviour.
+    code = [line.split("#", 1)[0].rstrip() for line in source.splitlines()]
+    return hashlib.sha256("\n".join(line for line in code if line).encode()).hexdigest()[:8]
 
 
 def new_task_id() -> str:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+from collections.abc import Callable
+from typing import Any
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -66,7 +68,7 @@ def test_frames_come_out_whole_and_in_order_however_the_bytes_are_cut(cuts: list
 
     asyncio.run(feed())
     assert got == expected
-    assert cutter.buf == b""
+    assert cutter.unparsed() == b""
 
 
 class _Inner:
@@ -90,16 +92,18 @@ class _Transport:
         self.protocol = protocol
 
 
-class _Nats:
-    """Just what `attach` reads of a connected nats-py client: its transport's reader and
-    writer (asyncio's StreamReader keeps unread bytes in `_buffer`)."""
+class _Cutter(FrameCutter):
+    """A cutter whose connection's transport is `transport`, holding `unread` bytes nats-py
+    had not parsed yet when `attach` came (the adapter's side is pinned against nats-py by
+    tests/test_nats_internals.py)."""
 
-    def __init__(self, unread: bytes) -> None:
-        transport = _Transport()
-        reader = type("Reader", (), {"_buffer": bytearray(unread)})()
-        writer = type("Writer", (), {"transport": transport})()
-        self._transport = type("Tcp", (), {"_io_reader": reader, "_io_writer": writer})()
-        self.transport = transport
+    def __init__(self, sink: Callable[[list[Frame]], None], unread: bytes) -> None:
+        super().__init__(None, sink)  # type: ignore[arg-type]
+        self.transport = _Transport()
+        self.unread = unread
+
+    def take_reads(self) -> tuple[Any, bytes] | None:
+        return self.transport, self.unread
 
 
 @settings(max_examples=200, deadline=None)
@@ -124,13 +128,13 @@ def test_attached_frames_come_out_whole_and_control_lines_go_on_to_nats_py(
     wire = b"".join(pieces)
     split = min(split, len(wire))
     got: list[Frame] = []
-    nc = _Nats(wire[:split])
-    cutter = FrameCutter(nc, got.extend)  # type: ignore[arg-type]
-    inner = nc.transport.protocol
-    assert cutter.attach() and nc.transport.protocol is not inner
+    cutter = _Cutter(got.extend, wire[:split])
+    transport = cutter.transport
+    inner = transport.protocol
+    assert cutter.attach() and transport.protocol is not inner
     bounds = sorted({split, len(wire)} | {min(max(cut, split), len(wire)) for cut in cuts})
     for start, end in itertools.pairwise(bounds):
-        nc.transport.protocol.data_received(wire[start:end])  # type: ignore[attr-defined]
+        transport.protocol.data_received(wire[start:end])  # type: ignore[attr-defined]
     assert got == expected
     assert inner.passed == control  # type: ignore[attr-defined]
 
@@ -145,7 +149,7 @@ def test_with_a_sid_set_only_that_subscriptions_frames_come_out() -> None:
     cutter.sid = b"2"
     asyncio.run(cutter.parse(old + new.replace(b" 1 ", b" 2 ", 1)))
     assert got == [(b"$KV.b.k1", V1 % (2, 1, 0), None, b"new")]
-    assert cutter.buf == b""
+    assert cutter.unparsed() == b""
 
 
 def test_both_reply_subject_forms_give_the_sequences() -> None:

@@ -11,7 +11,6 @@ uvicorn's own `send` writes for the same response, on a real loopback connection
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import inspect
 import re
 from collections.abc import AsyncIterator
@@ -24,7 +23,7 @@ from uvicorn.protocols.http.flow_control import FlowControl
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
 from hub.http import uvicorn_internals as uv
-from tests.helpers import Served, serve_app
+from tests.helpers import Served, fingerprint, serve_app
 
 BODY = b'{"jsonrpc":"2.0","id":1,"result":{"resultType":"complete"}}'
 HEADERS = [(b"content-type", b"application/json"), (b"x-test", b"1")]
@@ -45,13 +44,6 @@ VERIFIED = {
     "FlowControl.pause_writing": "22f67ea8",
     "FlowControl.resume_writing": "e5000020",
 }
-
-
-def fingerprint(function: Any) -> str:
-    source = inspect.getsource(function)
-    # Comments and blank lines are not behaviour.
-    code = [line.split("#", 1)[0].rstrip() for line in source.splitlines()]
-    return hashlib.sha256("\n".join(line for line in code if line).encode()).hexdigest()[:8]
 
 
 @pytest.mark.parametrize("name", sorted(VERIFIED))

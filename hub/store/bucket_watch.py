@@ -49,6 +49,7 @@ from hub.store.nats_frames import (
     removes,
     status_line,
 )
+from hub.store.nats_internals import sid_of
 
 log = logging.getLogger("taskhub.nats")
 
@@ -115,7 +116,8 @@ class BucketWatch:
         """Connect, subscribe an inbox and make the consumer; raises, leaving nothing
         behind, when any of it fails."""
         nc = NatsClient()
-        self._cutter = nc._ps = FrameCutter(nc, self._take)  # nats-py has no parser hook
+        self._cutter = FrameCutter(nc, self._take)
+        self._cutter.install()
         self._nc = nc
         self._config = dataclasses.replace(
             config,
@@ -151,7 +153,7 @@ class BucketWatch:
         old = self._sub
         inbox = self._nc.new_inbox()
         self._sub = await self._nc.subscribe(inbox)
-        self._cutter.sid = str(self._sub._id).encode()  # the old inbox's frames are dropped
+        self._cutter.sid = sid_of(self._sub)  # the old inbox's frames are dropped
         self._delivered = 0
         if old is not None:
             with contextlib.suppress(Exception):

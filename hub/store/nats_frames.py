@@ -14,7 +14,8 @@ first copied into its stream reader, then woke its read-loop task, which read it
 handed it to the parser: a future, a task step and a loop turn more per read, which at
 one revision per read was a fifth of what the watch cost (docs/architecture.md, "Watch and
 catch-up"). The lines that are not frames go on to nats-py's reader, whose read loop
-parses them as before.
+parses them as before. What this needs of nats-py's private parts is in
+hub/store/nats_internals.py.
 """
 
 from __future__ import annotations
@@ -24,16 +25,16 @@ from collections.abc import Callable
 from typing import Any
 
 from nats.aio.client import Client as NatsClient
-from nats.protocol.parser import Parser
 
 from bridge.wire import is_removal
+from hub.store import nats_internals
 
 Frame = tuple[bytes, bytes, bytes | None, bytes]  # subject, reply, headers, payload
 # Apply one message: key, stream sequence, whether it removes the key's task, its payload.
 Apply = Callable[[str, int, bool, bytes], None]
 
 
-class FrameCutter(Parser):
+class FrameCutter(nats_internals.Parser):
     """nats-py's parser, with MSG and HMSG frames cut in one pass and handed to `sink` in
     batches, in order; other operations are given to nats-py's parser a line at a time.
 
@@ -53,16 +54,12 @@ class FrameCutter(Parser):
     def attach(self) -> bool:
         """Read the connection's bytes in its protocol from now on; False (nothing changed)
         when its transport is not an asyncio one (nats-py's WebSocket transport)."""
-        writer = getattr(self.nc._transport, "_io_writer", None)
-        reader = getattr(self.nc._transport, "_io_reader", None)
-        transport: Any = getattr(writer, "transport", None)  # uvloop's: no asyncio subclass
-        if transport is None or not hasattr(transport, "set_protocol") or reader is None:
+        taken = self.take_reads()
+        if taken is None:
             return False
         # The stream goes on where nats-py's reader and this parser left it: what they hold
         # and have not parsed yet is cut first (after `connect`, rarely anything).
-        self._rest = bytes(self.buf) + bytes(reader._buffer)
-        self.buf.clear()
-        reader._buffer.clear()
+        transport, self._rest = taken
         self._tap = _Tap(self, transport.get_protocol())
         transport.set_protocol(self._tap)
         if self._rest:
@@ -79,28 +76,14 @@ class FrameCutter(Parser):
         chunk = self._rest + data if self._rest else data
         pos = 0
         while True:
-            pos, line_end = self._sink_frames(chunk, pos)
+            pos, line_end = self.sink_frames(chunk, pos)
             if line_end < 0:
                 break
             self._tap.inner.data_received(chunk[pos:line_end])  # PING, INFO, -ERR ...
             pos = line_end
         self._rest = chunk[pos:]
 
-    async def parse(self, data: bytes = b"") -> None:
-        self.buf.extend(data)
-        chunk = bytes(self.buf)  # one copy of the chunk; each frame is sliced out once
-        pos = 0
-        while True:
-            pos, line_end = self._sink_frames(chunk, pos)
-            if line_end < 0:
-                break
-            del self.buf[:line_end]
-            await self._one_line(chunk[pos:line_end])
-            chunk = bytes(self.buf)
-            pos = 0
-        del self.buf[:pos]
-
-    def _sink_frames(self, chunk: bytes, pos: int) -> tuple[int, int]:
+    def sink_frames(self, chunk: bytes, pos: int) -> tuple[int, int]:
         """The frames in `chunk` from `pos` on, to `sink` as one batch, up to the first
         line that is not one or the first incomplete frame; where that stops, and the end
         of that line (-1 when it stopped at an incomplete frame or the end)."""
@@ -131,14 +114,6 @@ class FrameCutter(Parser):
         if frames:
             self.sink(frames)
         return pos, line_end
-
-    async def _one_line(self, line: bytes) -> None:
-        """One control line (not a message) through nats-py's own parser."""
-        rest, self.buf = self.buf, bytearray(line)
-        try:
-            await super().parse()
-        finally:
-            self.buf = rest
 
 
 class _Tap(asyncio.Protocol):

@@ -85,7 +85,8 @@ class FirstRead:
         """Read until the consumer has nothing pending or has delivered `last_seq`; a
         message after `last_seq` ends the read unapplied."""
         nc = NatsClient()
-        nc._ps = cutter = FrameCutter(nc, self._take)  # nats-py has no hook for its parser
+        cutter = FrameCutter(nc, self._take)
+        cutter.install()
         try:
             await nc.connect(
                 servers=servers,
