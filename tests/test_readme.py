@@ -3,7 +3,9 @@ and every flag `taskhub serve --help` lists has a row in docs/configuration.md's
 
 The README once promised a `--send-timeout` that did not exist. Flags of other commands
 (`python -m bench --quick`, `pip install --no-deps .`, `mypy --strict`) are told apart by
-the command they follow; the few named bare in prose are listed in OTHER_COMMANDS.
+the command they follow; the few named bare in prose are listed in OTHER_COMMANDS. The
+set-up's first command runs here as written, up to its install, and .ci/run installs and
+tests as it does.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import io
 import re
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,16 +22,27 @@ import pytest
 from hub.commands.cli import main
 
 ROOT = Path(__file__).resolve().parent.parent
-MOVED = ("configuration", "endpoint", "bridge", "production", "performance")
+USER_PAGES = (
+    "index",
+    "configuration",
+    "endpoint",
+    "bridge",
+    "production",
+    "security",
+    "performance",
+    "scaling",
+)
 README = ROOT / "README.md"
 CONFIGURATION = ROOT / "docs" / "configuration.md"
-# The README and the pages that grew out of it: what a user reads for the commands to run.
-PAGES = [README, *(ROOT / "docs" / f"{name}.md" for name in MOVED)]
+# The README and the docs pages a user reads for the commands to run.
+PAGES = [README, *(ROOT / "docs" / f"{name}.md" for name in USER_PAGES)]
 FLAG = re.compile(r"(?<![\w-])--[a-z][a-z0-9-]*")
 FENCE = re.compile(r"^```[^\n]*\n(.*?)^```", re.MULTILINE | re.DOTALL)
 CODE_SPAN = re.compile(r"`([^`\n]+)`")
 SERVE = re.compile(r"\btaskhub serve\b")
 # Flags of other commands that the README names in prose without their command.
+# README "Set up and test", as a newcomer types it from the repository root.
+SET_UP = ["python3 -m venv .venv && . .venv/bin/activate && pip install -e '.[dev]'", "pytest"]
 OTHER_COMMANDS = {
     "--upgrade": "uv pip compile (Reproducible installs)",
     "--shutdown-grace": "the examples/fleet servers (Task tools for the mcp SDK)",
@@ -110,6 +124,38 @@ def test_the_configuration_table_lists_every_flag_once() -> None:
     flags = cli_flags()
     assert flags - set(table) == set(), "flags missing from docs/configuration.md's table"
     assert set(table) - flags == set(), "table rows for flags `taskhub serve` lacks"
+
+
+def test_the_set_up_makes_and_enters_a_virtual_environment(tmp_path: Path) -> None:
+    """A stock Debian or Ubuntu Python refuses `pip install` outside a virtual environment
+    and has no `python` command, so the first command makes one and enters it. It runs here
+    as written up to the install, which is asked where pip and python now are instead; CI
+    makes a venv of its own (`enter_venv` in .ci/run), then installs and tests the same way.
+    """
+    section = README.read_text().split("## Set up and test", 1)[1]
+    block = FENCE.search(section)
+    assert block is not None
+    assert block.group(1).splitlines() == SET_UP, "README's set-up is not the two commands"
+    make_and_enter, install = SET_UP[0].rsplit(" && ", 1)
+    probe = "python -c 'import sys; print(sys.prefix)' && pip --version"
+    done = subprocess.run(
+        ["sh", "-c", f"{make_and_enter} && {probe}"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    prefix, pip = done.stdout.splitlines()
+    venv = tmp_path / ".venv"
+    assert Path(prefix) == venv and str(venv) in pip
+    ci = (ROOT / ".ci" / "run").read_text().splitlines()
+    start = ci.index("enter_venv newest")
+    assert ci[start + 1 : start + 4] == [
+        install,
+        "show_versions newest",
+        "pytest || failed+=(newest)",
+    ]
 
 
 def test_other_commands_flags_do_not_count() -> None:
