@@ -20,7 +20,7 @@ from hub.front_door.upstream_tasks import UpstreamTasks
 from hub.metrics import Metrics
 from hub.push.fanout import Fanout
 from hub.push.fleet_events import EventSource
-from hub.push.watcher import Watcher, sse_event
+from hub.push.viewer import Viewer, sse_event
 from hub.settings import load_resource_rule
 from hub.store.cache import TaskCache
 from hub.store.fleet_view import FLEET_EVERY_S, FleetView
@@ -39,7 +39,7 @@ class Hub:
         # Requests waiting for a task's next revision (tasks/update, read-your-update).
         self._waiters: dict[str, set[asyncio.Future[TaskSnapshot | None]]] = {}
         # Whoever follows every task of one owner (the legacy door's notification streams).
-        self._owner_watchers: dict[str, set[Callable[[TaskSnapshot], None]]] = {}
+        self._owner_followers: dict[str, set[Callable[[TaskSnapshot], None]]] = {}
         self.source = NatsSource(
             nats_url,
             config.bucket,
@@ -58,7 +58,7 @@ class Hub:
         self.events = EventSource(self.fanout, self.metrics)
         self.resource_rule = load_resource_rule(config.resource_rule)
         self.metrics.cached_tasks.track(lambda: len(self.cache))
-        self.metrics.operator_streams.track(lambda: self.fanout.watchers)
+        self.metrics.operator_streams.track(lambda: self.fanout.viewers)
         self.authenticator = Authenticator.from_settings(config.auth)
         self.polls = PollLimiter(config.poll_burst, config.default_poll_interval)
         # Without auth every caller is "anonymous": only the total limit means anything.
@@ -141,17 +141,17 @@ class Hub:
         self.fleet.start_counting()
         while True:
             await asyncio.sleep(FLEET_EVERY_S)
-            if self.fanout.watchers:
+            if self.fanout.viewers:
                 await self.fleet.refresh_control(self.source.js)
                 self._fleet_frames = self._build_fleet_frames()
-                self.fanout.publish_to_watchers("fleet", self._fleet_frame_for)
+                self.fanout.publish_to_viewers("fleet", self._fleet_frame_for)
 
     def fleet_frame(self, servers: bool) -> bytes:
         """A `fleet` event as of now, for a new operator stream (with the servers or not)."""
         return self._build_fleet_frames()[servers]
 
-    def _fleet_frame_for(self, watcher: Watcher) -> bytes:
-        return self._fleet_frames[watcher.fleet]
+    def _fleet_frame_for(self, viewer: Viewer) -> bytes:
+        return self._fleet_frames[viewer.fleet]
 
     def _build_fleet_frames(self) -> tuple[bytes, bytes]:
         state = {"ready": self.ready, "at": round(time.time() * 1000)}
@@ -176,20 +176,20 @@ class Hub:
         waiter.add_done_callback(forget)
         return waiter
 
-    def watch_owner(
+    def follow_owner(
         self, owner: str, callback: Callable[[TaskSnapshot], None]
     ) -> Callable[[], None]:
         """Call `callback` with each accepted revision of `owner`'s tasks; returns the
         function that stops it."""
-        watchers = self._owner_watchers.setdefault(owner, set())
-        watchers.add(callback)
+        viewers = self._owner_followers.setdefault(owner, set())
+        viewers.add(callback)
 
-        def unwatch() -> None:
-            watchers.discard(callback)
-            if not watchers and self._owner_watchers.get(owner) is watchers:
-                del self._owner_watchers[owner]
+        def unfollow() -> None:
+            viewers.discard(callback)
+            if not viewers and self._owner_followers.get(owner) is viewers:
+                del self._owner_followers[owner]
 
-        return unwatch
+        return unfollow
 
     # -- the store's listener (hub/store/listener.py) ----------------------------------------
 
@@ -198,8 +198,8 @@ class Hub:
         self.fleet.wrote(snapshot)
         if self._waiters:
             self._wake(snapshot.task_id, snapshot)
-        if self._owner_watchers:
-            for callback in list(self._owner_watchers.get(snapshot.owner, ())):
+        if self._owner_followers:
+            for callback in list(self._owner_followers.get(snapshot.owner, ())):
                 callback(snapshot)
 
     async def _in_store(self, task_id: str) -> bool:

@@ -53,7 +53,7 @@ async def status_stream(
             pending[snapshot.task_id] = snapshot
             wake.set()
 
-    unwatch = hub.watch_owner(session.principal, offer)
+    unfollow = hub.follow_owner(session.principal, offer)
     gone = asyncio.ensure_future(disconnected(receive))
     since = session.created - CLOCK_SLACK_S
     try:
@@ -82,7 +82,7 @@ async def status_stream(
     except OSError:
         return  # the client went while we wrote
     finally:
-        unwatch()
+        unfollow()
         gone.cancel()
         with contextlib.suppress(OSError):
             await send({"type": "http.response.body", "body": b""})

@@ -3,7 +3,7 @@
 
 Operators (a token with the operator claim) see every task and the fleet's servers; anyone
 else their own tasks, the rule of `tasks/get` (and on an open hub, the servers too). The
-stream is a watcher (hub/push/watcher.py) on the fan-out, written by the listen stream's writer
+stream is a viewer (hub/push/viewer.py) on the fan-out, written by the listen stream's writer
 (hub/push/listen_stream.py), so it coalesces, keeps alive, drops a reader that stopped reading and
 says goodbye on shutdown exactly as a listen stream does. Its first states are read from the
 cache in the same turn that registers it, so no change falls between them.
@@ -25,7 +25,7 @@ from hub.http.cors import adding_headers, response_headers
 from hub.mcp.task_reads import identify_reader, json_error
 from hub.push.listen_stream import ListenStream
 from hub.push.subscriber import Subscriber
-from hub.push.watcher import TaskFilter, Watcher, sse_event
+from hub.push.viewer import TaskFilter, Viewer, sse_event
 from hub.rpc import jsonrpc
 from hub.runtime import Hub
 
@@ -69,7 +69,7 @@ def hello(identity: Identity, operator: bool, task_filter: TaskFilter, hub: Hub)
 
 
 class OperatorStream:
-    """The ASGI app of the route: refusals as JSON errors, else a watcher's SSE stream."""
+    """The ASGI app of the route: refusals as JSON errors, else a viewer's SSE stream."""
 
     def __init__(self, hub: Hub) -> None:
         self.hub = hub
@@ -121,18 +121,18 @@ class OperatorStream:
         return identity, operator, task_filter
 
     def _open(self, identity: Identity, operator: bool, task_filter: TaskFilter) -> ListenStream:
-        """Register the watcher and read its first states in one turn (nothing between)."""
+        """Register the viewer and read its first states in one turn (nothing between)."""
         hub = self.hub
         # The servers' health is the operators'; an open hub has none, so it is everyone's
         # there (counts and server ids, no task an owner could not see anyway).
         fleet = operator or hub.authenticator is None
         frames = hub.fanout.task_events
-        watcher = Watcher(task_filter, fleet, frames)
-        first = watcher.initial(hub.cache.live())
-        hub.fanout.watch(watcher)
+        viewer = Viewer(task_filter, fleet, frames)
+        first = viewer.initial(hub.cache.live())
+        hub.fanout.watch(viewer)
 
-        def release(watcher: Subscriber) -> None:
-            hub.fanout.unsubscribe(watcher)
+        def release(viewer: Subscriber) -> None:
+            hub.fanout.unsubscribe(viewer)
             hub.streams.release(identity.principal)
 
         frame = (
@@ -142,7 +142,7 @@ class OperatorStream:
             + hub.fleet_frame(fleet)
         )
         return ListenStream(
-            watcher,
+            viewer,
             frame,
             metrics=hub.metrics,
             on_close=release,

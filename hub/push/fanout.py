@@ -13,7 +13,7 @@ stream that cannot take a write now (socket buffer full, or no direct channel) w
 own writer. One hub-wide tick, not a timer per stream, sends keep-alives and drops
 streams whose client stopped reading.
 
-Operator streams (hub/push/watcher.py, docs/dashboard.md) are watchers: they see every
+Operator streams (hub/push/viewer.py, docs/dashboard.md) are viewers: they see every
 published revision and removal through their own filter. Their flush runs at most every
 WATCHER_BATCH_S: a person's screen draws 60 times a second, and changes that arrive
 meanwhile go out in one write per dashboard instead of one each.
@@ -33,7 +33,7 @@ from hub.metrics import Metrics
 from hub.push.followers import Followers
 from hub.push.sse_frames import event_frame
 from hub.push.subscriber import EndReason, Subscriber, flush_all, offer_all
-from hub.push.watcher import COALESCED, TaskEvents, Watcher
+from hub.push.viewer import COALESCED, TaskEvents, Viewer
 from hub.store.snapshot import TaskSnapshot
 
 # (service, kind, uri): kind "tools", "prompts", "resources" (uri "") or "resource" (a URI).
@@ -50,11 +50,11 @@ class Fanout:
         self._lanes_due: dict[str, Followers[Subscriber]] = {}  # tasks with a change for their lane
         self._subscribers: set[Subscriber] = set()
         self._dirty: set[Subscriber] = set()
-        self._watchers: set[Watcher] = set()
-        self._watchers_dirty: set[Watcher] = set()
-        self._watcher_flush: asyncio.TimerHandle | None = None
+        self._viewers: set[Viewer] = set()
+        self._viewers_dirty: set[Viewer] = set()
+        self._viewer_flush: asyncio.TimerHandle | None = None
         self._running: asyncio.AbstractEventLoop | None = None  # see `_loop`
-        self.task_events = TaskEvents()  # the watchers' frames, once per revision
+        self.task_events = TaskEvents()  # the viewers' frames, once per revision
         # Fleet events: who follows which, with the follower's principal (an audience check).
         self._by_event: dict[EventKey, dict[Subscriber, str]] = {}
         self._events_of: dict[Subscriber, list[EventKey]] = {}
@@ -89,14 +89,14 @@ class Fanout:
             followers.add(subscriber)
         self._metrics.open_streams.set(len(self._subscribers))
 
-    def watch(self, watcher: Watcher) -> None:
+    def watch(self, viewer: Viewer) -> None:
         """Register an operator stream: it is offered every revision and removal."""
-        self.subscribe(watcher)
-        self._watchers.add(watcher)
+        self.subscribe(viewer)
+        self._viewers.add(viewer)
 
     @property
-    def watchers(self) -> int:
-        return len(self._watchers)
+    def viewers(self) -> int:
+        return len(self._viewers)
 
     def narrow(self, subscriber: Subscriber, keep: Iterable[str]) -> None:
         """Drop interest in every task but `keep` (the ones the ack grants)."""
@@ -110,10 +110,10 @@ class Fanout:
             return
         self._subscribers.discard(subscriber)
         self._dirty.discard(subscriber)
-        if isinstance(subscriber, Watcher):
-            self._watchers.discard(subscriber)
-            self._watchers_dirty.discard(subscriber)
-            if not self._watchers:
+        if isinstance(subscriber, Viewer):
+            self._viewers.discard(subscriber)
+            self._viewers_dirty.discard(subscriber)
+            if not self._viewers:
                 self.task_events.clear()  # nobody to share them with: free the memory
         for task_id in list(subscriber.task_ids):
             self.unfollow(subscriber, task_id)
@@ -130,8 +130,8 @@ class Fanout:
 
     def publish(self, snapshot: TaskSnapshot) -> None:
         """Hand a new revision to every follower of its task; they are written this turn."""
-        if self._watchers:
-            self._offer_watchers(snapshot, Watcher.offer_task)
+        if self._viewers:
+            self._offer_viewers(snapshot, Viewer.offer_task)
         followers = self._by_task.get(snapshot.task_id)
         if not followers:
             return
@@ -154,35 +154,35 @@ class Fanout:
         self._schedule_flush()
 
     def publish_removal(self, snapshot: TaskSnapshot) -> None:
-        """The task left the cache: listen streams stop following it, watchers show it gone."""
+        """The task left the cache: listen streams stop following it, viewers show it gone."""
         self.forget(snapshot.task_id)
-        if self._watchers:
+        if self._viewers:
             self.task_events.forget(snapshot.task_id)
-            self._offer_watchers(snapshot, Watcher.offer_removal)
+            self._offer_viewers(snapshot, Viewer.offer_removal)
 
-    def publish_to_watchers(self, key: str, frame_for: Callable[[Watcher], bytes]) -> None:
-        """Queue a frame on every watcher (the fleet view), replacing its unsent one."""
-        for watcher in self._watchers:
-            watcher.offer_event(key, frame_for(watcher))
-        self._watchers_dirty |= self._watchers
-        if self._watchers:
-            self._schedule_watcher_flush()
+    def publish_to_viewers(self, key: str, frame_for: Callable[[Viewer], bytes]) -> None:
+        """Queue a frame on every viewer (the fleet view), replacing its unsent one."""
+        for viewer in self._viewers:
+            viewer.offer_event(key, frame_for(viewer))
+        self._viewers_dirty |= self._viewers
+        if self._viewers:
+            self._schedule_viewer_flush()
 
-    def _offer_watchers(
-        self, snapshot: TaskSnapshot, offer: Callable[[Watcher, TaskSnapshot], int]
+    def _offer_viewers(
+        self, snapshot: TaskSnapshot, offer: Callable[[Viewer, TaskSnapshot], int]
     ) -> None:
         coalesced = 0
         queued = False
-        for watcher in self._watchers:
-            outcome = offer(watcher, snapshot)
+        for viewer in self._viewers:
+            outcome = offer(viewer, snapshot)
             if outcome:
                 queued = True
                 coalesced += outcome == COALESCED
-                self._watchers_dirty.add(watcher)
+                self._viewers_dirty.add(viewer)
         if coalesced:
             self._metrics.coalesced_frames.inc(coalesced)
         if queued:
-            self._schedule_watcher_flush()
+            self._schedule_viewer_flush()
 
     def _loop(self) -> asyncio.AbstractEventLoop:
         """The running loop, kept: CPython 3.11 asks the kernel for its pid each time
@@ -192,17 +192,17 @@ class Fanout:
             loop = self._running = asyncio.get_running_loop()
         return loop
 
-    def _schedule_watcher_flush(self) -> None:
-        if self._watcher_flush is None:
-            self._watcher_flush = self._loop().call_later(WATCHER_BATCH_S, self._flush_watchers)
+    def _schedule_viewer_flush(self) -> None:
+        if self._viewer_flush is None:
+            self._viewer_flush = self._loop().call_later(WATCHER_BATCH_S, self._flush_viewers)
 
-    def _flush_watchers(self) -> None:
-        self._watcher_flush = None
-        dirty, self._watchers_dirty = self._watchers_dirty, set()
+    def _flush_viewers(self) -> None:
+        self._viewer_flush = None
+        dirty, self._viewers_dirty = self._viewers_dirty, set()
         now = self._loop().time()
         sent = 0
-        for watcher in dirty:
-            sent += watcher.flush(now)
+        for viewer in dirty:
+            sent += viewer.flush(now)
         if sent:
             self._metrics.notifications_sent.inc(sent)
 

@@ -1,5 +1,5 @@
 """The operator stream's pieces without a network: its filter and query parsing, the
-watcher's coalescing and removals (hub/push/watcher.py), and the fleet view's silent rule
+viewer's coalescing and removals (hub/push/viewer.py), and the fleet view's silent rule
 (hub/store/fleet_view.py) on a real cache with a clock of the test's."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from starlette.datastructures import QueryParams
 from hub.metrics import Metrics
 from hub.operators.stream import QueryError, parse_filter
 from hub.push.fanout import Fanout
-from hub.push.watcher import TaskEvents, TaskFilter, Watcher
+from hub.push.viewer import TaskEvents, TaskFilter, Viewer
 from hub.store.cache import TaskCache
 from hub.store.fleet_view import CONTROL_WAIT_S, FleetView
 from hub.store.snapshot import TaskSnapshot
@@ -27,8 +27,8 @@ def snap(task_id: str, revision: int, status: str = "working", **fields: Any) ->
     return TaskSnapshot(task_id, owner, server, revision, status, None, body)
 
 
-def frames(watcher: Watcher) -> list[tuple[str, Any]]:
-    data, _ = watcher.take_frames()
+def frames(viewer: Viewer) -> list[tuple[str, Any]]:
+    data, _ = viewer.take_frames()
     events = []
     for block in data.decode().split("\n\n")[:-1]:
         lines = dict(line.split(": ", 1) for line in block.split("\n"))
@@ -45,46 +45,46 @@ def test_query_parameters_repeat_or_list_and_are_checked() -> None:
             parse_filter(QueryParams(bad))
 
 
-async def test_a_slow_watcher_holds_one_state_per_task() -> None:
+async def test_a_slow_viewer_holds_one_state_per_task() -> None:
     metrics = Metrics()
     fanout = Fanout(metrics)
-    watcher = Watcher(TaskFilter(), True, TaskEvents())
-    fanout.watch(watcher)
+    viewer = Viewer(TaskFilter(), True, TaskEvents())
+    fanout.watch(viewer)
     for revision in range(1, 501):
         fanout.publish(snap("a", revision))
     fanout.publish(snap("b", 1, owner="bob"))
-    assert len(watcher.backlog) == 2  # bounded by tasks, not by the change rate
+    assert len(viewer.backlog) == 2  # bounded by tasks, not by the change rate
     assert metrics.coalesced_frames.value() == 499
-    events = frames(watcher)
+    events = frames(viewer)
     assert [(name, data["task"]["r"], data["owner"]) for name, data in events] == [
         ("task", 500, "alice"),
         ("task", 1, "bob"),
     ]
-    fanout.unsubscribe(watcher)
-    assert fanout.watchers == 0 and len(fanout) == 0
+    fanout.unsubscribe(viewer)
+    assert fanout.viewers == 0 and len(fanout) == 0
     await asyncio.sleep(0)  # the scheduled flush finds nothing to do
 
 
 def test_a_removal_replaces_an_unsent_state_and_a_new_state_an_unsent_removal() -> None:
-    watcher = Watcher(TaskFilter(statuses=frozenset({"working"})), True, TaskEvents())
-    watcher.initial([snap("a", 1)])
-    assert watcher.offer_task(snap("a", 2, "input_required"))  # leaves the filter
-    assert frames(watcher) == [("removed", {"taskId": "a"})]
-    assert watcher.offer_task(snap("a", 3)) and watcher.offer_task(snap("a", 4, "completed"))
-    assert frames(watcher) == [("removed", {"taskId": "a"})]  # the state went unsent
-    assert not watcher.offer_task(snap("a", 5, "completed"))  # no longer shown: nothing
-    assert watcher.offer_task(snap("b", 1)) and watcher.offer_removal(snap("b", 1))
-    assert watcher.offer_task(snap("b", 2))  # re-entered before anything was written
-    assert [name for name, _ in frames(watcher)] == ["task"]
+    viewer = Viewer(TaskFilter(statuses=frozenset({"working"})), True, TaskEvents())
+    viewer.initial([snap("a", 1)])
+    assert viewer.offer_task(snap("a", 2, "input_required"))  # leaves the filter
+    assert frames(viewer) == [("removed", {"taskId": "a"})]
+    assert viewer.offer_task(snap("a", 3)) and viewer.offer_task(snap("a", 4, "completed"))
+    assert frames(viewer) == [("removed", {"taskId": "a"})]  # the state went unsent
+    assert not viewer.offer_task(snap("a", 5, "completed"))  # no longer shown: nothing
+    assert viewer.offer_task(snap("b", 1)) and viewer.offer_removal(snap("b", 1))
+    assert viewer.offer_task(snap("b", 2))  # re-entered before anything was written
+    assert [name for name, _ in frames(viewer)] == ["task"]
 
 
-def test_an_unfiltered_watcher_hears_every_removal_and_a_filtered_one_its_own() -> None:
-    everything = Watcher(TaskFilter(), True, TaskEvents())
-    alices = Watcher(TaskFilter(owners=frozenset({"alice"})), False, TaskEvents())
+def test_an_unfiltered_viewer_hears_every_removal_and_a_filtered_one_its_own() -> None:
+    everything = Viewer(TaskFilter(), True, TaskEvents())
+    alices = Viewer(TaskFilter(owners=frozenset({"alice"})), False, TaskEvents())
     alices.initial([snap("a", 1), snap("b", 1, owner="bob")])
-    for watcher in (everything, alices):
-        watcher.offer_removal(snap("a", 1))
-        watcher.offer_removal(snap("b", 1, owner="bob"))
+    for viewer in (everything, alices):
+        viewer.offer_removal(snap("a", 1))
+        viewer.offer_removal(snap("b", 1, owner="bob"))
     assert [data["taskId"] for _, data in frames(everything)] == ["a", "b"]
     assert [data["taskId"] for _, data in frames(alices)] == ["a"]
 
@@ -115,12 +115,12 @@ def test_a_server_is_silent_without_writes_or_with_control_waiting() -> None:
     assert entry["controlWaiting"] == 2
 
 
-def test_a_revision_is_framed_once_for_every_watcher_and_the_memo_is_bounded() -> None:
+def test_a_revision_is_framed_once_for_every_viewer_and_the_memo_is_bounded() -> None:
     frames = TaskEvents(limit=2)
-    first, second = Watcher(TaskFilter(), True, frames), Watcher(TaskFilter(), False, frames)
+    first, second = Viewer(TaskFilter(), True, frames), Viewer(TaskFilter(), False, frames)
     state = snap("a", 1)
-    for watcher in (first, second):
-        watcher.offer_task(state)
+    for viewer in (first, second):
+        viewer.offer_task(state)
     one, _ = first.take_frames()
     other, _ = second.take_frames()
     assert one == other and frames.frame(state) is frames.frame(state)

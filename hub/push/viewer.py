@@ -1,7 +1,7 @@
 """An operator stream's subscriber: every task through a filter, coalesced like a listen
 stream, framed as named SSE events (docs/dashboard.md).
 
-A listen stream follows the task ids it asked for; a watcher follows every task the fan-out
+A listen stream follows the task ids it asked for; a viewer follows every task the fan-out
 publishes (hub/push/fanout.py) and keeps those its filter passes. It reuses the listen stream's
 states and writer (hub/push/subscriber.py, hub/push/listen_stream.py): at most one unsent state per
 task, and a removal replaces an unsent state (and a state an unsent removal), so a dashboard that
@@ -27,7 +27,7 @@ PREFIX_MEMO_LIMIT = 4096
 
 @dataclass(frozen=True)
 class TaskFilter:
-    """Which tasks a watcher shows; None = any. Values within one field are alternatives."""
+    """Which tasks a viewer shows; None = any. Values within one field are alternatives."""
 
     servers: frozenset[str] | None = None
     statuses: frozenset[str] | None = None
@@ -55,7 +55,7 @@ def sse_event(name: str, data: Any) -> bytes:
 
 
 class TaskEvents:
-    """`event: task` frames, made once per task revision and shared by every watcher (and
+    """`event: task` frames, made once per task revision and shared by every viewer (and
     every new stream's first states), as a listen stream's frames are spliced from bytes
     encoded once. Bounded: beyond `limit` tasks the oldest frames go, to be made again."""
 
@@ -109,7 +109,7 @@ def _removal_key(task_id: str) -> str:
     return "removed:" + task_id
 
 
-class Watcher(Subscriber):
+class Viewer(Subscriber):
     """One operator stream: its filter, whether its caller sees the fleet's servers, and
     (when the filter narrows) which tasks it has shown, so a task leaving the view is
     announced."""
