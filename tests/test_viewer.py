@@ -49,7 +49,7 @@ async def test_a_slow_viewer_holds_one_state_per_task() -> None:
     metrics = Metrics()
     fanout = Fanout(metrics)
     viewer = Viewer(TaskFilter(), True, TaskEvents())
-    fanout.watch(viewer)
+    fanout.subscribe_viewer(viewer)
     for revision in range(1, 501):
         fanout.publish(snap("a", revision))
     fanout.publish(snap("b", 1, owner="bob"))

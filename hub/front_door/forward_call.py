@@ -12,7 +12,7 @@ from typing import NamedTuple
 
 from starlette.types import Receive, Scope, Send
 
-from hub.front_door.upstream import Upstream, Watch
+from hub.front_door.upstream import Record, Upstream
 from hub.http.cors import adding_headers
 from hub.metrics import Metrics
 from hub.rpc import jsonrpc
@@ -38,14 +38,14 @@ class Forwarding(NamedTuple):
     request_id: jsonrpc.RequestId | None
     outgoing: Outgoing
     metrics: Metrics
-    watch: Watch | None = None  # what sees a task the answer creates
+    record: Record | None = None  # what sees a task the answer creates
     extra_headers: RawHeaders | None = None  # CORS, when it runs on the connection
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """The ASGI path: ended when `receive` says the client left."""
         outgoing = self.outgoing
         outcome = await self.upstream.forward_until_gone(
-            receive, send, self.body, self.request_id, outgoing.lines, outgoing.caller, self.watch
+            receive, send, self.body, self.request_id, outgoing.lines, outgoing.caller, self.record
         )
         self.metrics.upstream_requests.inc(1, self.upstream.spec.label, outcome)
 
@@ -60,7 +60,7 @@ class Forwarding(NamedTuple):
                 self.request_id,
                 self.outgoing.lines,
                 self.outgoing.caller,
-                self.watch,
+                self.record,
             )
         except asyncio.CancelledError:
             self.metrics.upstream_requests.inc(1, label, "client_gone")

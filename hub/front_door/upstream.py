@@ -47,8 +47,8 @@ RawHeaders = list[tuple[bytes, bytes]]
 MAX_JSON_REPLY = 64 << 20  # bytes; a JSON answer larger than this is refused, not buffered
 EVENT_STREAM = b"text/event-stream"
 SEND_SLICE = 256 << 10  # a whole answer goes to the client in writes of this size
-WATCHED_EVENT = 1 << 20  # an SSE event larger than this carries no task worth recording
-Watch = Callable[[bytes], Awaitable[None]]
+RECORDED_EVENT = 1 << 20  # an SSE event larger than this carries no task worth recording
+Record = Callable[[bytes], Awaitable[None]]
 
 
 class Answer(NamedTuple):
@@ -106,13 +106,13 @@ class Upstream:
         request_id: jsonrpc.RequestId | None,
         lines: bytes,
         caller: str,
-        watch: Watch | None = None,
+        record: Record | None = None,
     ) -> str:
         """Send the request upstream and its answer to the client; returns the outcome label.
 
         Its header `lines` go upstream as they are (`forwarding.OutgoingHeads` made them);
         `request_id` (read by the hub while routing) is what a failed forward answers.
-        `watch` sees each JSON-RPC message of the answer that may carry a task (a JSON
+        `record` sees each JSON-RPC message of the answer that may carry a task (a JSON
         answer, or an SSE event, naming `"task"`) before the client does. Whoever runs it
         cancels it when the client leaves (`forward_until_gone`, or the connection that
         answers in place): the upstream's connection closes with it."""
@@ -129,8 +129,8 @@ class Upstream:
                 return exc.fault
             try:
                 if response.media_type == EVENT_STREAM:
-                    return await self._stream(response, send, request_id, watch)
-                return await self._whole(response, send, request_id, watch)
+                    return await self._stream(response, send, request_id, record)
+                return await self._whole(response, send, request_id, record)
             finally:
                 response.close()
         finally:
@@ -144,10 +144,10 @@ class Upstream:
         request_id: jsonrpc.RequestId | None,
         lines: bytes,
         caller: str,
-        watch: Watch | None = None,
+        record: Record | None = None,
     ) -> str:
         """`forward` for an ASGI request, ended when `receive` says the client left."""
-        running = asyncio.ensure_future(self.forward(send, body, request_id, lines, caller, watch))
+        running = asyncio.ensure_future(self.forward(send, body, request_id, lines, caller, record))
         gone = asyncio.ensure_future(_disconnected(receive))
         try:
             await asyncio.wait((running, gone), return_when=asyncio.FIRST_COMPLETED)
@@ -198,7 +198,7 @@ class Upstream:
                     content = await self._read_body(response)
                     self.pool.buffer.give(len(content))
                     raise Declined(response.status, json_message(content) if content else None)
-                events = EventReader(WATCHED_EVENT)
+                events = EventReader(RECORDED_EVENT)
                 try:
                     async for chunk in response.chunks():
                         for data in events.feed(chunk):
@@ -245,7 +245,7 @@ class Upstream:
         response: Response,
         send: Send,
         request_id: jsonrpc.RequestId | None,
-        watch: Watch | None,
+        record: Record | None,
     ) -> str:
         try:
             content = await self._read_body(response)
@@ -257,8 +257,8 @@ class Upstream:
                 invalid = self._invalid(response)
                 await self._fail(send, request_id, invalid)
                 return invalid.fault
-            if watch is not None and b'"task"' in content:
-                await watch(content)
+            if record is not None and b'"task"' in content:
+                await record(content)
             headers = forwarding.response_headers(response.headers)
             headers.append((b"content-length", b"%d" % len(content)))
             await send(
@@ -280,13 +280,13 @@ class Upstream:
         response: Response,
         send: Send,
         request_id: jsonrpc.RequestId | None,
-        watch: Watch | None,
+        record: Record | None,
     ) -> str:
         """Relay an SSE reply chunk by chunk until it ends (or the client leaves, which
         cancels this)."""
         headers = forwarding.response_headers(response.headers)
         await send({"type": "http.response.start", "status": response.status, "headers": headers})
-        fault = await self._relay(response, send, watch)
+        fault = await self._relay(response, send, record)
         if fault is not None:  # cut off mid-stream: the request's answer is this error
             error = jsonrpc.encode_error(request_id, fault.rpc_error(self.spec.label))
             with contextlib.suppress(OSError):  # another ASGI server's "client gone"
@@ -301,17 +301,17 @@ class Upstream:
         return "ok" if fault is None else fault.fault
 
     async def _relay(
-        self, response: Response, send: Send, watch: Watch | None
+        self, response: Response, send: Send, record: Record | None
     ) -> UpstreamError | None:
         # Only a watched answer's events are read; one too large to carry a task ends that.
-        events = None if watch is None else EventReader(WATCHED_EVENT)
+        events = None if record is None else EventReader(RECORDED_EVENT)
         try:
             async for chunk in response.chunks():  # decoded: content-encoding is dropped
-                if events is not None and watch is not None:
+                if events is not None and record is not None:
                     try:
                         for data in events.feed(chunk):
                             if b'"task"' in data:
-                                await watch(data)
+                                await record(data)
                     except EventTooLarge:
                         events = None
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})

@@ -142,7 +142,7 @@ class UpstreamTasks:
 
     # -- what passes through the front door ----------------------------------------------
 
-    def watcher(
+    def recorder(
         self, upstream: Upstream, caller: Callable[[], Caller]
     ) -> Callable[[bytes], Awaitable[None]]:
         """What `Upstream.forward` calls with each message of a `tools/call` answer that
@@ -150,7 +150,7 @@ class UpstreamTasks:
         shared, before the client sees it. `caller` makes the Caller only then (its
         credential's keyed hash is most of what watching a call costs)."""
 
-        async def watch(data: bytes) -> None:
+        async def record(data: bytes) -> None:
             try:
                 message = msgspec.json.decode(data)
             except msgspec.DecodeError:
@@ -159,10 +159,10 @@ class UpstreamTasks:
             if isinstance(result, dict) and result.get("resultType") == "task":
                 await self.created(upstream, result, caller())
 
-        return watch
+        return record
 
     async def created(self, upstream: Upstream, result: dict[str, Any], caller: Caller) -> None:
-        """Record the task of a `CreateTaskResult` (the modern door's `watcher`, the legacy
+        """Record the task of a `CreateTaskResult` (the modern door's `recorder`, the legacy
         door's translation) unless the snapshot holds it or another upstream named it first."""
         try:
             task = task_from_result(result)
@@ -174,7 +174,7 @@ class UpstreamTasks:
             return  # ids are the upstreams' own: the first to name one keeps it
         try:
             # The store, not only the cache: a bridge-written task's CreateTaskResult can
-            # pass before the watch brings the task, and it is the snapshot's all the same.
+            # pass before the record brings the task, and it is the snapshot's all the same.
             if await self._in_snapshot(task.taskId):
                 return
         except StoreUnavailable:

@@ -194,15 +194,15 @@ class McpEndpoint:
     ) -> Forwarding:
         assert self.upstream is not None
         outgoing = self._outgoing(scope, head, identity)
-        watch = None
+        record = None
         if request.method == "tools/call":
 
             def caller() -> Caller:
                 return self._caller(outgoing, identity, headers, None)
 
-            watch = self.hub.upstream_tasks.watcher(self.upstream, caller)
+            record = self.hub.upstream_tasks.recorder(self.upstream, caller)
         metrics = self.hub.metrics
-        return Forwarding(self.upstream, body, request.id, outgoing, metrics, watch, extra_headers)
+        return Forwarding(self.upstream, body, request.id, outgoing, metrics, record, extra_headers)
 
     def _outgoing(self, scope: Scope, head: RawHeaders, identity: Identity) -> Outgoing:
         """The head to send upstream and the caller to count the request against."""

@@ -129,7 +129,7 @@ class OperatorStream:
         frames = hub.fanout.task_events
         viewer = Viewer(task_filter, fleet, frames)
         first = viewer.initial(hub.cache.live())
-        hub.fanout.watch(viewer)
+        hub.fanout.subscribe_viewer(viewer)
 
         def release(viewer: Subscriber) -> None:
             hub.fanout.unsubscribe(viewer)

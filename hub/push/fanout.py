@@ -89,7 +89,7 @@ class Fanout:
             followers.add(subscriber)
         self._metrics.open_streams.set(len(self._subscribers))
 
-    def watch(self, viewer: Viewer) -> None:
+    def subscribe_viewer(self, viewer: Viewer) -> None:
         """Register an operator stream: it is offered every revision and removal."""
         self.subscribe(viewer)
         self._viewers.add(viewer)
