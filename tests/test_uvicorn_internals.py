@@ -43,6 +43,14 @@ VERIFIED = {
     "FlowControl.drain": "7343c57b",
     "FlowControl.pause_writing": "22f67ea8",
     "FlowControl.resume_writing": "e5000020",
+    # hub/commands/server.py's HubServer replaces main_loop and capture_signals, makes
+    # `should_exit` (a plain attribute __init__ sets) a property, and calls on_tick and
+    # handle_exit as uvicorn's own loop and signal handler do.
+    "Server.__init__": "32cc7e29",
+    "Server.main_loop": "58213925",
+    "Server.on_tick": "68def7c1",
+    "Server.capture_signals": "bd5e768b",
+    "Server.handle_exit": "76f177d4",
 }
 
 
@@ -53,11 +61,13 @@ def test_the_methods_the_adapter_repeats_are_the_verified_ones(name: str) -> Non
         "HttpToolsProtocol": HttpToolsProtocol,
         "RequestResponseCycle": RequestResponseCycle,
         "FlowControl": FlowControl,
+        "Server": uvicorn.Server,
     }
     found = fingerprint(getattr(cls[owner], method))
     assert found == VERIFIED[name], (
         f"uvicorn {uvicorn.__version__} changed {name} (fingerprint {found}); read it against "
-        "hub/http/uvicorn_internals.py before widening the pinned range"
+        "hub/http/uvicorn_internals.py (Server: hub/commands/server.py) before widening the "
+        "pinned range"
     )
 
 
