@@ -60,7 +60,7 @@ def format_timestamp(dt: datetime) -> str:
     """ISO 8601 in UTC with milliseconds and a trailing Z: 2026-11-30T23:04:07.123Z."""
     if dt.tzinfo is None:
         raise ValueError("timestamps need a time zone; pass an aware datetime")
-    # isoformat is C; the strftime route costs a writer about a tenth of its CPU.
+    # isoformat is C, cheaper than the strftime route: every write formats a timestamp.
     return dt.astimezone(UTC).replace(tzinfo=None).isoformat(timespec="milliseconds") + "Z"
 
 

@@ -24,8 +24,8 @@ from hub.http.connection import hub_protocol
 from hub.runtime import Hub
 
 log = logging.getLogger("taskhub")
-# Young-generation collections every 5,000 allocations instead of 700 (bench/: fewer,
-# still sub-millisecond pauses); older generations as often as before relative to it.
+# Young-generation collections every 5,000 allocations, not CPython's 700, and the older
+# generations' every 20 and 100 collections below, not 10 and 10: fewer pauses, each short.
 GC_THRESHOLDS = (5000, 20, 100)
 
 
@@ -52,8 +52,9 @@ class HubServer(uvicorn.Server):
 
     async def main_loop(self) -> None:
         """uvicorn's, woken once a second for its date header or at once by a stop, not
-        every 100 ms: an idle hub woke ten times a second for nothing, each a loop pass
-        and a cold start of the code it ran."""
+        every 100 ms as uvicorn's is: on an idle hub each of those wake-ups is a loop pass
+        and a cold start of the code it runs, for nothing
+        (docs/scaling.md#costs-the-code-is-shaped-by)."""
         self._stop_asked = asyncio.Event()
         counter = 0
         while not await self.on_tick(counter):
@@ -78,8 +79,8 @@ class HubServer(uvicorn.Server):
     async def _freeze_when_caught_up(self) -> None:
         """Long-lived objects (the snapshot, the app) leave the collector's scans.
 
-        With thousands of streams and tasks, every full collection walks them all: tens
-        of milliseconds of stalled delivery. Once the snapshot has caught up, freeze what
+        With thousands of streams and tasks, every full collection walks them all, and
+        delivery stalls meanwhile. Once the snapshot has caught up, freeze what
         exists, and collect the young generation less often (each request and frame
         allocates a few dozen short-lived objects).
         """

@@ -9,7 +9,7 @@ credential, and relays each change it sends to exactly those streams. It is open
 the first such stream's headers, closed with the last, and opened again (after a pause
 that grows to `RETRY_MAX_S`) when the upstream ends it or it breaks. An upstream that
 answers the listen with anything but a stream has declined: those streams get nothing
-from it, as before. Once a service has announced on NATS, its upstream listens are let go.
+from it. Once a service has announced on NATS, its upstream listens are let go.
 """
 
 from __future__ import annotations

@@ -382,7 +382,7 @@ class Client:
         if connection is None:
             connection = await self._connect(origin, deadline, timeout)
         answer = connection.send(head, body)
-        # A timer, not `asyncio.timeout`: a tenth of the cost, on every request.
+        # A plain timer, not `asyncio.timeout` and its bookkeeping: this runs on every request.
         late = loop.call_at(deadline, connection.late, timeout)
         try:
             return await answer

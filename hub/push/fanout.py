@@ -214,7 +214,7 @@ class Fanout:
     def hold(self) -> None:
         """What is published until `release` is written by it rather than in a loop turn
         of its own: the changes of one read of the watch go out as the last is applied.
-        A turn more per read was an event-loop pass and a `epoll_wait` per revision."""
+        A turn more per read would be an event-loop pass and an `epoll_wait` per revision."""
         self._held = True
 
     def release(self) -> None:
@@ -317,7 +317,7 @@ class Fanout:
         It runs every second over every stream and holds the loop meanwhile, so the pass
         that picks the streams to look at reads two fields of each: a stream written to
         within `keepalive` and not waiting on a write has nothing due, and only the rest
-        get the full checks, several times as dear."""
+        get the full checks (what each costs: docs/scaling.md#costs-the-code-is-shaped-by)."""
         idle_since = now - keepalive
         for followers in self._by_task.values():
             if followers.express:

@@ -3,11 +3,12 @@
 A change reaches a follower through its backlog (hub/push/subscriber.py): offered, coalesced,
 taken and written by the fan-out's flush as one chunk. Most followers are a client
 listening for its own task on a stream of its own (hub/push/detached.py), writable, owing
-nothing: for each of them a frame cost a backlog entry put and popped, a place in the
-flush's dirty set and a dozen attribute reads, all in the interpreter. Those streams ride
-the task's **express lane** instead: the flush writes the task's newest revision to all of
-them at once, each stream's chunk joined and written by `map`, which runs in C. That is
-the same chunk the general path writes for a stream owing one state, in the same flush.
+nothing: for each of them that path spends, per frame, a backlog entry put and popped, a
+place in the flush's dirty set and a dozen attribute reads, all in the interpreter. Those
+streams ride the task's **express lane** instead: the flush writes the task's newest
+revision to all of them at once, each stream's chunk joined and written by `map`, which
+runs in C. That is the same chunk the general path writes for a stream owing one state,
+in the same flush.
 
 A stream joins the lane after the general path has written it a chunk of one state and it
 is still live and writable, follows this one task and no fleet events, and its channel

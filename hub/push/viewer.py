@@ -21,7 +21,7 @@ from hub.rpc.jsonrpc import line_safe
 from hub.store.snapshot import TaskSnapshot
 
 QUEUED, COALESCED = 1, 2  # what an offer did (0: nothing)
-FRAME_MEMO_LIMIT = 32_768  # tasks whose latest frame is kept (~0.5 KB each)
+FRAME_MEMO_LIMIT = 32_768  # tasks whose latest frame is kept (each about its task's JSON)
 PREFIX_MEMO_LIMIT = 4096
 
 

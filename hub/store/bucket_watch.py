@@ -1,13 +1,13 @@
 """The bucket watch: every change of the task bucket, read on a connection of its own.
 
 The cache follows the bucket through an ephemeral push consumer that behaves as nats-py's
-ordered consumer (which the watch used before): no acknowledgements, one delivery per
-message, flow control and idle heartbeats, and any sign of a lost message ends it, so the
-hub makes a new one from the last stream sequence it applied (hub/store/source.py).
+ordered consumer: no acknowledgements, one delivery per message, flow control and idle
+heartbeats, and any sign of a lost message ends it, so the hub makes a new one from the
+last stream sequence it applied (hub/store/source.py).
 
 The consumer delivers to the one inbox of a connection of its own, whose parser cuts each
 frame and hands it here as it is read (hub/store/nats_frames.py), as the first read does. On
-nats-py's subscription path every message also cost a `Msg`, its headers parsed into a
+nats-py's subscription path every message also costs a `Msg`, its headers parsed into a
 dict, a queue and a task wake-up, between the fan-out's writes (docs/architecture.md,
 "Watch and catch-up"; the cost in docs/scaling.md, "Costs the code is shaped by").
 

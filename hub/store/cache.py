@@ -8,8 +8,8 @@ the hub report something that was not legally written (invariant 2, H43).
 
 A task is held as one bytes object (its revision, expiry, poll interval, status, owner,
 server and DetailedTask JSON, packed) under its id, and handed out as a `TaskSnapshot`
-made from it: a cached task of 229 bytes of JSON costs about 400 bytes in all, not eight
-Python objects (650 bytes; docs/scaling.md).
+made from it: one object per task, not eight
+(docs/scaling.md#what-a-cached-task-costs-and-where-start-up-goes).
 """
 
 from __future__ import annotations

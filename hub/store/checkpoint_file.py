@@ -45,7 +45,7 @@ log = logging.getLogger("taskhub.checkpoint")
 
 MAGIC = b"taskhub checkpoint 3\n"  # the format's version is part of it
 _RECORD = struct.Struct(">II")  # a record's payload length and CRC-32
-SLICE = 2048  # tasks per record: ~1 MB, a few milliseconds to encode
+SLICE = 2048  # tasks per record: a running hub writes one per loop turn, so a turn stays short
 _temporaries = itertools.count()  # each write its own temporary file
 
 

@@ -9,12 +9,12 @@ connection with one subscription, their inbox, so every MSG and HMSG frame on it
 operation (PING, INFO, -ERR) still goes to nats-py's parser.
 
 Once connected, `attach` makes the cutter the connection's asyncio protocol, so each read
-is cut in the loop's own callback as it arrives. Through nats-py's reader, a read was
-first copied into its stream reader, then woke its read-loop task, which read it out and
-handed it to the parser: a future, a task step and a loop turn more per read, which at
-one revision per read was a fifth of what the watch cost (docs/architecture.md, "Watch and
-catch-up"). The lines that are not frames go on to nats-py's reader, whose read loop
-parses them as before. What this needs of nats-py's private parts is in
+is cut in the loop's own callback as it arrives. Through nats-py's reader, a read is
+first copied into its stream reader, then wakes its read-loop task, which reads it out and
+hands it to the parser: a future, a task step and a loop turn more per read, which at one
+revision per read weighs on the watch (docs/architecture.md#watch-and-catch-up). The lines
+that are not frames go on to nats-py's reader, whose read loop parses them as it would
+without the cutter. What this needs of nats-py's private parts is in
 hub/store/nats_internals.py.
 """
 
@@ -119,7 +119,8 @@ class FrameCutter(nats_internals.Parser):
 class _Tap(asyncio.Protocol):
     """The connection's protocol once attached: reads go to the cutter; the connection's
     other events to nats-py's own protocol (its stream reader and writer), which sees
-    the lost connection, the end of the stream and the write buffer's pauses as before."""
+    the lost connection, the end of the stream and the write buffer's pauses as it would
+    without the cutter."""
 
     def __init__(self, cutter: FrameCutter, inner: Any) -> None:
         self.cut = cutter.cut

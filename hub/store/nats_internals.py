@@ -37,7 +37,7 @@ class Parser(NatsParser):
 
     `parse` is what nats-py's read loop calls with each read once `install`ed; the lines
     between frames (PING, PONG, INFO, -ERR ...) go through nats-py's own parser, one at a
-    time, so nats-py answers and acts on them as before.
+    time, so nats-py answers and acts on them as it would without this parser.
     """
 
     def __init__(self, nc: Client | None) -> None:

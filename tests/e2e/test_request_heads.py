@@ -210,7 +210,7 @@ async def test_sixty_mib_of_headers_on_twenty_connections_cost_the_hub_little(
                     assert (await client.get(hub.url + "/healthz")).status_code == 200
                     latencies.append(time.perf_counter() - started)
                     peak = max(peak, hub.rss())
-                    if peak - before > 512 << 20:  # the old hub: stop before the machine
+                    if peak - before > 512 << 20:  # unbounded heads: stop before the machine
                         hub.process.kill()
                         raise AssertionError(f"RSS grew by {(peak - before) >> 20} MiB")
                     await asyncio.sleep(0.01)

@@ -150,7 +150,7 @@ async def test_a_ready_hub_is_never_more_than_the_bound_behind_when_its_watch_no
 
 
 # After the election: the advisory, a consumer made on the new leader's stream, caught up,
-# and a loaded 2-core machine's scheduling. Before, up to 2.5 s.
+# and a loaded 2-core machine's scheduling.
 READY_AFTER_ELECTION_S = 1.0
 
 

@@ -3,8 +3,8 @@
 A hub that starts with nothing cached (no checkpoint, or the bucket made anew) reads one
 message per task: a million at a million tasks. Through nats-py's subscription path each
 message costs the hub CPU before the hub even looks at it (the protocol parser's regular
-expressions, a `Msg`, a queue and a task wake-up per message), which alone was most of the
-ten seconds a replica may take to be ready. So the first read runs apart:
+expressions, a `Msg`, a queue and a task wake-up per message), a million times over before
+a replica is ready (docs/scaling.md#costs-the-code-is-shaped-by). So the first read runs apart:
 
 - a pull consumer made by the main connection: the last value of every key, in stream
   order, no acknowledgements;
@@ -48,8 +48,8 @@ from hub.store.nats_frames import (
 
 log = logging.getLogger("taskhub.nats")
 
-# Messages per pull request. Two requests are outstanding: at most ~1.5 MB in flight, and
-# a PONG waits behind at most a few tens of milliseconds of frames.
+# Messages per pull request. Two requests are outstanding, so what is in flight stays
+# bounded and a PONG waits behind at most two batches of frames.
 BATCH = 2048
 # No message for this long (a paused server, a lost request) ends the first read early.
 STALL_S = 5.0

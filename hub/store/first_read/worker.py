@@ -1,9 +1,10 @@
 """The later half of a first read, in a process of its own: the hub's second core.
 
-A first read (hub/store/first_read/reader.py) keeps one core busy: at a million tasks the hub
-checks, encodes and packs a million values, 10–16 s by the day's machine (docs/scaling.md). When the
-bucket holds SPLIT_FROM messages or more and the hub may run on two cores or more, the
-read is split at a stream sequence `mid` (`split_at`):
+A first read (hub/store/first_read/reader.py) keeps one core busy: at a million tasks the
+hub checks, encodes and packs a million values
+(docs/scaling.md#what-a-cached-task-costs-and-where-start-up-goes). When the bucket holds
+SPLIT_FROM messages or more and the hub may run on two cores or more, the read is split
+at a stream sequence `mid` (`split_at`):
 
 - the hub reads the last value of every key up to `mid`, as a whole first read would;
 - a child, `python -m hub.store.first_read.worker`, reads every message after `mid` into a
@@ -41,12 +42,13 @@ from hub.store.first_read.reader import FirstRead
 
 log = logging.getLogger("taskhub.nats")
 
-# Below this many messages one process reads them all: the child's start (~0.3 s of
-# interpreter and imports) would cost about what it saves.
+# Below this many messages one process reads them all: the child's start (an interpreter
+# and its imports) would cost about what it saves.
 SPLIT_FROM = 50_000
 # The share of the stream's sequences the child reads: a little less than half, as
-# its interpreter start and the hand-over of its cache (~0.3-0.6 s at a million
-# tasks) come after the hub's own half is read. Tuned at a million tasks.
+# its interpreter start and the hand-over of its cache come on top of its read, so that
+# at a million tasks both halves end together
+# (docs/scaling.md#what-a-cached-task-costs-and-where-start-up-goes).
 CHILD_SHARE = 0.49
 # How long the hub waits for the child's result after its own half is read.
 RESULT_TIMEOUT_S = 120.0
@@ -83,7 +85,7 @@ class LaterHalf:
     def __init__(self, process: asyncio.subprocess.Process) -> None:
         self.process = process
         assert process.stdout is not None
-        # Read as it comes, while the hub reads its own half: ~150 MB at a million tasks.
+        # Read as it comes, while the hub reads its own half: it is the child's whole cache.
         self._output = asyncio.ensure_future(process.stdout.read())
 
     @classmethod
@@ -164,7 +166,7 @@ def _orphaned() -> None:
 async def answer(job: dict[str, Any]) -> None:
     """Read, and write the outcome to stdout. Not returned to `asyncio.run`: on its way
     out (CPython 3.11) it puts back its SIGINT handler, a `partial` holding the task, and
-    `signal` formats that task's repr, result and all: seconds for a million tasks."""
+    `signal` formats that task's repr, its result (the whole cache) and all."""
     outcome = await read(job)
     sys.stdout.buffer.write(msgspec.msgpack.encode(outcome))
     sys.stdout.buffer.flush()
