@@ -13,11 +13,12 @@ The hub records such a task when it sees one pass (or learns it from the upstrea
 - who may read it: with hub authentication, the principal it was observed for; without,
   a caller whose credential (its `Authorization`, `Cookie` and `X-API-Key` headers) the
   upstream has answered for it, compared by a keyed hash. The credentials themselves
-  never leave the process (hub/kept_reads.py holds the live ones);
+  never leave the process (hub/front_door/upstream_tasks.py holds the live ones);
 - how long: until its TTL, else `retention` after it was last observed, and at most
   `limit` tasks (the oldest observed go first).
 
-Everything here is synchronous bookkeeping; reading the upstream is hub/kept_reads.py's.
+Everything here is synchronous bookkeeping; reading the upstream is
+hub/front_door/upstream_tasks.py's.
 """
 
 from __future__ import annotations

@@ -148,7 +148,7 @@ class UpstreamTasks:
         """What `Upstream.forward` calls with each message of a `tools/call` answer that
         may carry a task: a `CreateTaskResult` the snapshot does not hold is recorded, and
         shared, before the client sees it. `caller` makes the Caller only then (its
-        credential's keyed hash is most of what watching a call costs)."""
+        credential's keyed hash is most of what recording a call costs)."""
 
         async def record(data: bytes) -> None:
             try:

@@ -158,8 +158,7 @@ def line_safe(json_bytes: bytes) -> bytes:
     JSON may carry them raw, but clients that split a stream with `str.splitlines`
     (httpx's `aiter_lines`) would cut a `data:` line there and lose the frame.
     """
-    # The usual case: one pass. Then `find`, not `in`, as in hub/store/first_read/reader.py's
-    # removes.
+    # The usual case: one pass. Then `find`, not `in`, as hub/store/nats_frames.py's `removes`.
     if json_bytes.isascii() or (
         json_bytes.find(b"\xc2\x85") < 0 and json_bytes.find(b"\xe2\x80") < 0
     ):
