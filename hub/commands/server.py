@@ -30,7 +30,10 @@ GC_THRESHOLDS = (5000, 20, 100)
 
 
 class HubServer(uvicorn.Server):
-    """uvicorn, but a shutdown signal first tells every listen stream goodbye."""
+    """uvicorn, but a shutdown signal first tells every listen stream goodbye.
+
+    What it replaces of `uvicorn.Server` is not documented API: tests/test_uvicorn_internals.py
+    pins the uvicorn code it was verified against."""
 
     _stop_asked: asyncio.Event | None = None  # `should_exit` set: main_loop wakes at once
 
