@@ -30,6 +30,7 @@ from nats.aio.msg import Msg
 from nats.js import api
 from nats.js.errors import APIError, ServiceUnavailableError
 
+from bridge.elections import CONSUMER_LEADER_ELECTED, LeaderElected, unless_elected
 from bridge.states import TerminalStateError
 from bridge.wire import (
     CONTROL_STREAM,
@@ -50,8 +51,6 @@ InputHandler = Callable[[str, dict[str, Any]], Awaitable[None]]  # (task_id, out
 CancelHandler = Callable[[str], Awaitable[None]]  # (task_id)
 
 _HANDED_LIMIT = 4096
-# JetStream announces each newly elected consumer leader here (stream and consumer follow).
-LEADER_ELECTED = "$JS.EVENT.ADVISORY.CONSUMER.LEADER_ELECTED."
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,7 +156,7 @@ class ControlConsumer:
     async def _run(self) -> None:
         sub: Any = None
         clock = asyncio.get_running_loop().time
-        subject = f"{LEADER_ELECTED}{CONTROL_STREAM}.{self._tasks.server_id}"
+        subject = f"{CONSUMER_LEADER_ELECTED}{CONTROL_STREAM}.{self._tasks.server_id}"
         advisories = await self._nc.subscribe(subject, cb=self._on_leader_elected)
         try:
             while not self._stopping:
@@ -200,22 +199,12 @@ class ControlConsumer:
         died the poll would wait out its whole timeout). A message the dropped poll still
         brings waits in the subscription for the next one."""
         self._elected.clear()
-        fetching = asyncio.ensure_future(sub.fetch(1, timeout=self._options.fetch_timeout))
-        elected = asyncio.ensure_future(self._elected.wait())
         try:
-            await asyncio.wait({fetching, elected}, return_when=asyncio.FIRST_COMPLETED)
-        except BaseException:  # stop() cancels us while idle in the poll
-            fetching.cancel()
-            fetching.add_done_callback(_retrieved)  # it may have failed meanwhile
-            raise
-        finally:
-            elected.cancel()
-        if not fetching.done():
-            fetching.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await fetching
+            msgs: list[Msg] = await unless_elected(
+                sub.fetch(1, timeout=self._options.fetch_timeout), self._elected
+            )
+        except LeaderElected:
             return None
-        msgs: list[Msg] = fetching.result()
         return msgs
 
     async def _on_leader_elected(self, msg: Msg) -> None:
@@ -345,12 +334,6 @@ async def _settle(reply: Awaitable[Any]) -> None:
         await reply
     except Exception as exc:
         log.warning("control message not settled (will be redelivered): %r", exc)
-
-
-def _retrieved(task: asyncio.Future[Any]) -> None:
-    """Mark a dropped task's outcome seen (a closed connection's error is expected)."""
-    if not task.cancelled():
-        task.exception()
 
 
 async def _unsubscribe(sub: Any) -> None:

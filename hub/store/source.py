@@ -37,6 +37,7 @@ from nats.aio.msg import Msg
 from nats.js import api
 from nats.js.errors import NotFoundError
 
+from bridge.elections import STREAM_LEADER_ELECTED, LeaderElected, unless_elected
 from bridge.jetstream import ensure_bucket, ensure_control_stream
 from bridge.store_reads import StoreUnavailable, StoreView, leads_with_quorum, read_last
 from bridge.wire import (
@@ -72,8 +73,6 @@ WATCH_STALE_BOUND_S = max(
 )
 # How long the bucket stream must show a sequence behind the hub's before it counts as reset.
 CONFIRM_RESET_S = 3.0
-# JetStream announces each newly elected stream leader here (the stream's name follows).
-LEADER_ELECTED = "$JS.EVENT.ADVISORY.STREAM.LEADER_ELECTED."
 # How often a re-watch asks for a leader with its quorum, between such announcements.
 REWATCH_PAUSE_S = 0.5
 # How long a re-watch asks through one NATS server before it tries another: past
@@ -195,7 +194,7 @@ class NatsSource:
         )
         self.js = self.nc.jetstream(timeout=self.request_timeout)
         # Re-watch on a new leader the moment it is elected, not a request timeout later.
-        await self.nc.subscribe(LEADER_ELECTED + self.stream, cb=self._on_leader_elected)
+        await self.nc.subscribe(STREAM_LEADER_ELECTED + self.stream, cb=self._on_leader_elected)
         await ensure_bucket(self.js, self.bucket, self.replicas)
         await ensure_control_stream(self.js, self.replicas)
         await self._report_durability()
@@ -469,17 +468,12 @@ class NatsSource:
                 asking_since = time.monotonic()
                 await self._switch_server()
             self._elected.clear()
-            ask = asyncio.ensure_future(self.js.stream_info(self.stream))
-            elected = asyncio.ensure_future(self._elected.wait())
             try:
-                done, _ = await asyncio.wait({ask, elected}, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                elected.cancel()
-            if ask not in done:
-                ask.cancel()
+                info: api.StreamInfo = await unless_elected(
+                    self.js.stream_info(self.stream), self._elected
+                )
+            except LeaderElected:
                 continue
-            try:
-                info: api.StreamInfo = ask.result()
             except Exception as exc:  # no leader yet, a timeout, a reconnect
                 log.debug("bucket stream info failed during a re-watch: %s", exc)
             else:

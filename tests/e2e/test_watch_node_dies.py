@@ -25,9 +25,9 @@ import nats
 import pytest
 
 from bridge import TaskBridge
-from bridge.control import LEADER_ELECTED as CONSUMER_ELECTED
+from bridge.elections import CONSUMER_LEADER_ELECTED, STREAM_LEADER_ELECTED
 from bridge.wire import CONTROL_STREAM, CancelMessage, control_subject, encode, kv_stream
-from hub.store.source import LEADER_ELECTED, WATCH_STALE_BOUND_S
+from hub.store.source import WATCH_STALE_BOUND_S
 from tests.cluster import ClusterNode, HubProcess, NatsCluster
 from tests.helpers import eventually, headers_for, rpc
 
@@ -187,7 +187,7 @@ async def test_a_hub_is_ready_again_as_soon_as_a_new_stream_leader_is_elected(
         async def on_elected(_: object) -> None:
             elected.append(time.monotonic())
 
-        await observer.subscribe(LEADER_ELECTED + stream, cb=on_elected)
+        await observer.subscribe(STREAM_LEADER_ELECTED + stream, cb=on_elected)
         await observer.flush()
         killed_at = time.monotonic()
         victim.kill()
@@ -263,7 +263,7 @@ async def test_a_bridge_takes_control_messages_from_a_new_consumer_leader_at_onc
         async def on_elected(_: object) -> None:
             elected.append(time.monotonic())
 
-        await observer.subscribe(f"{CONSUMER_ELECTED}{CONTROL_STREAM}.srv", cb=on_elected)
+        await observer.subscribe(f"{CONSUMER_LEADER_ELECTED}{CONTROL_STREAM}.srv", cb=on_elected)
         await asyncio.sleep(0.5)  # the bridge is in its long poll on the victim by now
         victim.kill()
         await eventually(lambda: elected, timeout=20, interval=0.02)
