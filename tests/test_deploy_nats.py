@@ -20,7 +20,8 @@ from hub.commands.embedded_nats import NatsServerProcess, nats_server_binary
 from hub.config import Config
 from hub.metrics import Metrics
 from hub.store.cache import TaskCache
-from hub.store.source import NatsSource, read_sync_policy
+from hub.store.durability import read_sync_policy
+from hub.store.source import NatsSource
 from tests.helpers import eventually, free_port
 from tests.test_deploy import DEPLOY, NATS_CONFIGS, env_example
 

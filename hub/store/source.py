@@ -24,10 +24,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +50,7 @@ from hub.metrics import Metrics
 from hub.store.bucket_watch import Batch, BucketWatch
 from hub.store.cache import TaskCache
 from hub.store.checkpointer import Checkpoints
+from hub.store.durability import report_durability
 from hub.store.first_read.run import read_in_bulk
 from hub.store.first_read.worker import SPLIT_FROM, split_at
 from hub.store.listener import NOBODY, Listener
@@ -82,23 +81,6 @@ SWITCH_SERVER_S = 5.0
 FORGET_CONSUMER_S = 60.0
 # How long a closing hub waits to delete its watch's consumer (else it expires).
 CLOSE_DELETE_S = 1.0
-
-
-def read_sync_policy(monitor_url: str, timeout: float) -> str | None:
-    """The server's JetStream sync policy from its monitoring `/varz`: "always", an
-    interval such as "120s", or None when it cannot be read (blocking; run in a thread)."""
-    try:
-        with urllib.request.urlopen(f"{monitor_url.rstrip('/')}/varz", timeout=timeout) as r:
-            config = json.loads(r.read())["jetstream"]["config"]
-    except Exception as exc:
-        log.warning("cannot read the NATS sync policy from %s/varz: %s", monitor_url, exc)
-        return None
-    if config.get("sync_always"):
-        return "always"
-    interval_ns = config.get("sync_interval")
-    if not isinstance(interval_ns, int) or interval_ns <= 0:
-        return None
-    return f"{interval_ns / 1e9:g}s"
 
 
 __all__ = ["NatsSource", "StoreUnavailable"]  # StoreUnavailable: the caller answers -32603
@@ -197,7 +179,9 @@ class NatsSource:
         await self.nc.subscribe(STREAM_LEADER_ELECTED + self.stream, cb=self._on_leader_elected)
         await ensure_bucket(self.js, self.bucket, self.replicas)
         await ensure_control_stream(self.js, self.replicas)
-        await self._report_durability()
+        await report_durability(
+            self.js, self.stream, self.metrics, self.monitor_url, self.request_timeout
+        )
         if self.checkpoints is not None:
             await self._restore(self.checkpoints)
         try:
@@ -208,42 +192,6 @@ class NatsSource:
         self._check_task = asyncio.create_task(self._check_watch())
         if self.checkpoints is not None:
             self.checkpoints.start()
-
-    async def _report_durability(self) -> None:
-        """Metrics and one log line: what an acknowledged write survives.
-
-        Replicas come from STREAM.INFO; the sync policy from the server's monitoring, when
-        a URL for it is known (the embedded server's always is). A task acknowledged as
-        created on one replica without an fsync can be lost to one power cut: warn then.
-        """
-        bucket = await self.js.stream_info(self.stream)
-        control = await self.js.stream_info(CONTROL_STREAM)
-        bucket_replicas = bucket.config.num_replicas or 1
-        control_replicas = control.config.num_replicas or 1
-        sync = None
-        if self.monitor_url is not None:
-            sync = await asyncio.to_thread(read_sync_policy, self.monitor_url, self.request_timeout)
-        self.metrics.bucket_replicas.set(bucket_replicas)
-        self.metrics.control_replicas.set(control_replicas)
-        self.metrics.nats_sync_always.set(-1 if sync is None else int(sync == "always"))
-        if sync is not None:
-            shown = sync
-        elif self.monitor_url is None:
-            shown = "unknown (no --nats-monitor-url)"
-        else:
-            shown = f"unknown ({self.monitor_url}/varz unreadable)"
-        line = (
-            f"durability: bucket {self.stream} R{bucket_replicas}, control stream "
-            f"{CONTROL_STREAM} R{control_replicas}, NATS sync {shown}"
-        )
-        if min(bucket_replicas, control_replicas) == 1 and sync != "always":
-            log.warning(
-                "%s: an acknowledged task write can be lost to one power cut (use R3, or "
-                "sync_interval: always)",
-                line,
-            )
-        else:
-            log.info("%s", line)
 
     async def _restore(self, checkpoints: Checkpoints) -> None:
         """Fill the cache from a checkpoint of this stream, so the watch resumes after it."""
