@@ -5,7 +5,6 @@ from bridge.bridge import (
     TaskBridge,
     TaskExpired,
     TaskNotFound,
-    TaskRecord,
     WriteConflict,
 )
 from bridge.control import CancelHandler, ControlOptions, ControlStats, InputHandler
@@ -18,7 +17,7 @@ from bridge.states import (
     TerminalStateError,
 )
 from bridge.store_reads import StoreUnavailable
-from bridge.wire import DetailedTask, InvalidEnvelope, TaskError
+from bridge.wire import DetailedTask, InvalidEnvelope, TaskError, TaskRecord
 
 __all__ = [
     "BridgeEnvelope",

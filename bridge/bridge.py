@@ -14,7 +14,6 @@ import math
 import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from types import TracebackType
 from typing import Any, Self
@@ -57,6 +56,7 @@ from bridge.wire import (
     TERMINAL,
     DetailedTask,
     TaskError,
+    TaskRecord,
     control_subject,
     decode_envelope,
     encode,
@@ -133,17 +133,6 @@ class CreateOutcomeUnknown(RuntimeError):
             + (f" ({type(cause).__name__}: {cause})" if cause is not None else "")
         )
         self.task_id = task_id
-
-
-@dataclass(frozen=True, slots=True)
-class TaskRecord:
-    """One stored revision of a task: the KV stream sequence and the envelope's contents."""
-
-    task_id: str
-    revision: int
-    owner: str
-    server: str
-    task: DetailedTask
 
 
 class _IssuedKeys(msgspec.Struct):

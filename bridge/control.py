@@ -21,9 +21,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from nats.aio.client import Client
 from nats.aio.msg import Msg
@@ -37,13 +37,11 @@ from bridge.wire import (
     TERMINAL,
     ControlMessage,
     InvalidEnvelope,
+    TaskRecord,
     UpdateMessage,
     control_subject,
     decode_control,
 )
-
-if TYPE_CHECKING:  # bridge.bridge imports this module; the consumer only calls get/answer
-    from bridge.bridge import TaskBridge, TaskRecord
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +83,16 @@ class ControlStats:
     malformed: int = 0  # not a control message at all; termed
 
 
+class Tasks(Protocol):
+    """What the consumer needs of its server's tasks: `TaskBridge` (bridge/bridge.py)."""
+
+    server_id: str
+
+    async def get(self, task_id: str) -> TaskRecord | None: ...
+
+    async def answer(self, task_id: str, keys: Iterable[str]) -> TaskRecord: ...
+
+
 def refusal(record: TaskRecord | None, message: ControlMessage, server_id: str) -> str | None:
     """Why `message` must be acked without a handler call, or None if it should run."""
     if record is None:
@@ -114,7 +122,7 @@ def outstanding(record: TaskRecord, message: UpdateMessage) -> dict[str, Any]:
 class ControlConsumer:
     """The consumer loop behind `TaskBridge.on_input` / `on_cancel`; one task, serial."""
 
-    def __init__(self, tasks: TaskBridge, nc: Client, options: ControlOptions) -> None:
+    def __init__(self, tasks: Tasks, nc: Client, options: ControlOptions) -> None:
         self._tasks = tasks
         self._nc = nc
         self._js: Any = nc.jetstream()

@@ -62,10 +62,11 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from starlette.requests import HTTPConnection
 
 from bridge import task_methods, vocabulary
-from bridge.bridge import TaskBridge, TaskRecord
+from bridge.bridge import TaskBridge
 from bridge.states import TerminalStateError
 from bridge.task_context import InlineRun, TaskContext, TaskRun, missing_capability
 from bridge.vocabulary import TASKS_EXTENSION
+from bridge.wire import TaskRecord
 
 log = logging.getLogger(__name__)
 

@@ -21,13 +21,14 @@ import msgspec
 from mcp.shared.exceptions import MCPError
 from mcp_types import INTERNAL_ERROR, INVALID_PARAMS, RequestParams
 
-from bridge.bridge import TaskBridge, TaskRecord
+from bridge.bridge import TaskBridge
 from bridge.task_context import missing_capability
 from bridge.vocabulary import TASK_NOT_FOUND, TASKS_EXTENSION
 from bridge.wire import (
     TERMINAL,
     CancelMessage,
     InvalidEnvelope,
+    TaskRecord,
     UpdateMessage,
     control_message_id,
     encode,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
@@ -158,6 +159,17 @@ _CARRIES = {
     "failed": (False, False, True),
     "cancelled": (False, False, False),
 }
+
+
+@dataclass(frozen=True, slots=True)
+class TaskRecord:
+    """One stored revision of a task: the KV stream sequence and the envelope's contents."""
+
+    task_id: str
+    revision: int
+    owner: str
+    server: str
+    task: DetailedTask
 
 
 def check_task(task: DetailedTask, *, id_syntax: bool = True) -> None:

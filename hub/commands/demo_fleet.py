@@ -24,7 +24,7 @@ import nats
 from nats.aio.client import Client
 
 from bridge import TaskBridge
-from bridge.bridge import TaskExpired, TaskNotFound, TaskRecord
+from bridge.bridge import TaskExpired, TaskNotFound
 from bridge.states import IllegalTransition
 from bridge.vocabulary import (
     CLIENT_CAPABILITIES_KEY,
@@ -33,6 +33,7 @@ from bridge.vocabulary import (
     PROTOCOL_VERSION_KEY,
     TASKS_EXTENSION,
 )
+from bridge.wire import TaskRecord
 
 log = logging.getLogger("taskhub.demo")
 

@@ -25,7 +25,7 @@ import nats
 import pytest
 
 from bridge import TaskBridge
-from bridge.bridge import TaskRecord
+from bridge.wire import TaskRecord
 from hub.commands.embedded_nats import NatsServerProcess
 from hub.operators import tail_view
 from tests.cluster import HubProcess
