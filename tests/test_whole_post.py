@@ -7,6 +7,7 @@ else must be declined, so uvicorn's parser gets those bytes untouched.
 
 from __future__ import annotations
 
+import tracemalloc
 from typing import Any
 
 import httptools
@@ -207,14 +208,42 @@ def test_a_remembered_head_reads_each_body_by_its_own_length() -> None:
 
 
 def test_heads_are_remembered_within_their_bound() -> None:
-    heads = whole_post.Heads(memo_bytes=2000)
-    size = len(request([("Mcp-Name", "task-0000")]).partition(b"\r\n\r\n")[0]) + 4
+    heads = whole_post.Heads(memo_bytes=20_000)
     for i in range(100):
         data = request([("Mcp-Name", f"task-{i:04}")])
         assert heads.parse(data) == whole_post.parse(data)
-        assert len(heads) * size <= 2 * 2000  # two generations
+        assert heads.held() <= 2 * 20_000  # two generations
     recent = request([("Mcp-Name", "task-0099")])
-    assert heads.parse(recent) is not None and len(heads) >= 2000 // size
+    assert heads.parse(recent) is not None and len(heads) >= 2
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        pytest.param([("Mcp-Name", "{i:06}"), ("Authorization", "Bearer x.y.z")], id="a poll"),
+        pytest.param([(f"X-{n}", "{i:06}") for n in range(90)], id="many tiny fields"),
+        pytest.param([("Authorization", "Bearer {i:06}" + "t" * 3000)], id="one long field"),
+        pytest.param([("Transfer-Encoding", "chunked{i}")], id="declined"),
+    ],
+)
+def test_what_the_remembered_heads_hold_in_memory_is_within_the_bound(
+    fields: list[tuple[str, str]],
+) -> None:
+    """The bound is memory, not head bytes: a parse holds several times its head (every
+    field as two strings and two bytes objects). Counted as head bytes, these heads held
+    2 to 20 times the bound."""
+    budget = 256 * 1024
+    heads = whole_post.Heads(memo_bytes=budget)
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for i in range(3000):
+            heads.parse(request([(name, value.format(i=i)) for name, value in fields]))
+        held = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert len(heads) > 0
+    assert held <= 2 * budget * 1.25, f"{held / 1024:.0f} KiB held for a {budget // 1024} KiB bound"
 
 
 def test_a_head_longer_than_memo_head_is_read_but_not_remembered() -> None:

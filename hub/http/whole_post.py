@@ -36,9 +36,10 @@ _TOKEN_CHARS = "!#$%&'*+.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMN
 # Headers after which uvicorn's parser does more than read a request: decline.
 _DECLINED = frozenset({"transfer-encoding", "expect", "upgrade"})
 MAX_HEAD = 16 * 1024
-# `Heads` keeps two generations of at most this many bytes of heads each, and only heads
-# of up to MEMO_HEAD bytes (one with a bearer token fits): a few MB in the worst case.
-MEMO_BYTES = 1 << 20
+# `Heads` keeps two generations of heads, each holding at most this much memory (the heads
+# and their parses, as sys.getsizeof counts them), and only heads of up to MEMO_HEAD bytes
+# (one with a bearer token fits).
+MEMO_BYTES = 4 << 20
 MEMO_HEAD = 4096
 
 
@@ -83,10 +84,15 @@ class Heads:
         self._new: dict[bytes, Head | None] = {}
         self._old: dict[bytes, Head | None] = {}
         self._new_bytes = 0
+        self._old_bytes = 0
 
     def __len__(self) -> int:
         """How many heads are remembered."""
         return len(self._new) + len(self._old)
+
+    def held(self) -> int:
+        """The memory the remembered heads hold, as counted against `memo_bytes`."""
+        return self._new_bytes + self._old_bytes
 
     def parse(self, data: bytes) -> WholeRequest | None:
         """As `parse(data)`."""
@@ -110,11 +116,25 @@ class Heads:
             head = _read_head(key, self.limits)
             if len(key) > MEMO_HEAD:
                 return head
-        if self._new_bytes + len(key) > self.memo_bytes:
-            self._old, self._new, self._new_bytes = self._new, {}, 0
+        else:
+            self._old_bytes -= _held(key, head)
+        size = _held(key, head)
+        if self._new_bytes + size > self.memo_bytes:
+            self._old, self._new = self._new, {}
+            self._old_bytes, self._new_bytes = self._new_bytes, 0
         self._new[key] = head
-        self._new_bytes += len(key)
+        self._new_bytes += size
         return head
+
+
+def _held(key: bytes, head: Head | None) -> int:
+    """What remembering `head` under `key` holds, estimated in a few operations (it runs on
+    every miss): the key and its dict slot; a parse holds each field twice more (two
+    strings, two bytes objects) with about 256 bytes of objects around them.
+    tests/test_whole_post.py checks the estimate against tracemalloc."""
+    if head is None:
+        return len(key) + 128
+    return 3 * len(key) + 256 * len(head.raw) + 512
 
 
 _UNKNOWN = Head("", {}, -1, [])  # a marker, never a parse
