@@ -140,5 +140,7 @@ async def test_an_open_hub_has_no_sign_in(nats_url: str, bucket: str, tmp_path: 
 async def test_the_page_never_sets_the_token_cookie_itself() -> None:
     """The cookie is the hub's to set, HttpOnly (hub/operators/sign_in.py): the page's script has
     no way to write it, nor a token to write it with."""
-    script = (Path(__file__).parents[2] / "hub" / "static" / "dashboard.js").read_text()
+    script = (
+        Path(__file__).parents[2] / "hub" / "operators" / "static" / "dashboard.js"
+    ).read_text()
     assert "document.cookie" not in script
