@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from importlib.metadata import version
 from typing import Any
 
@@ -172,3 +173,18 @@ def test_line_safe_json_is_the_same_value_on_one_line(value: Any) -> None:
 
 def test_a_request_id_with_line_separators_is_escaped() -> None:
     assert jsonrpc.encode_id("a\u2028b\x85c\u2029") == b'"a\\u2028b\\u0085c\\u2029"'
+
+
+@pytest.mark.parametrize("request_id", ["\x85", "a\u2028b", "\u2029", 7])
+def test_replies_stay_one_sse_line_whatever_the_id(request_id: str | int) -> None:
+    """A reply may go out as an SSE event's data line (the legacy door's tasks/result, a
+    front-door error mid-stream): U+0085, U+2028 and U+2029 are escaped, not cut on."""
+    message = "no \u2028 here"
+    replies = [
+        jsonrpc.encode_error(request_id, RpcError(-32602, message)),
+        jsonrpc.encode_result(request_id, {"note": message}),
+    ]
+    for reply in replies:
+        text = reply.decode()
+        assert text.splitlines() == [text]
+        assert json.loads(text)["id"] == request_id

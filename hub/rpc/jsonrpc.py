@@ -169,20 +169,21 @@ def line_safe(json_bytes: bytes) -> bytes:
 
 
 def encode_error(request_id: RequestId | None, err: RpcError) -> bytes:
-    """An error response; `id` is omitted only when the request could not be read (H71)."""
+    """An error response; `id` is omitted only when the request could not be read (H71).
+    Line-safe: the legacy door and the front door send it as an SSE event too."""
     error: dict[str, Any] = {"code": err.code, "message": err.message}
     if err.data is not None:
         error["data"] = err.data
-    id_part = b"" if request_id is None else b',"id":' + _encode(request_id)
-    return _HEAD + id_part + b',"error":' + _encode(error) + b"}"
+    id_part = b"" if request_id is None else b',"id":' + encode_id(request_id)
+    return _HEAD + id_part + b',"error":' + line_safe(_encode(error)) + b"}"
 
 
 def encode_result(request_id: RequestId, result: dict[str, Any]) -> bytes:
     """A result response carrying `_meta` serverInfo (H29), merged into any `_meta` given."""
     meta = result.get("_meta")
     merged = {**(meta if isinstance(meta, dict) else {}), SERVER_INFO_KEY: SERVER_INFO}
-    body = _encode({**result, "_meta": merged})
-    return _HEAD + b',"id":' + _encode(request_id) + b',"result":' + body + b"}"
+    body = line_safe(_encode({**result, "_meta": merged}))
+    return _HEAD + b',"id":' + encode_id(request_id) + b',"result":' + body + b"}"
 
 
 def complete_ack(request_id: RequestId) -> bytes:
