@@ -112,13 +112,14 @@ class Heads:
 
     def _remember(self, key: bytes) -> Head | None:
         head = self._old.pop(key, _UNKNOWN)
-        if head is _UNKNOWN:
+        older = head is not _UNKNOWN
+        if not older:
             head = _read_head(key, self.limits)
             if len(key) > MEMO_HEAD:
                 return head
-        else:
-            self._old_bytes -= _held(key, head)
         size = _held(key, head)
+        if older:
+            self._old_bytes -= size  # it moves to the newer generation
         if self._new_bytes + size > self.memo_bytes:
             self._old, self._new = self._new, {}
             self._old_bytes, self._new_bytes = self._new_bytes, 0
