@@ -45,6 +45,26 @@ def test_memory_is_bounded() -> None:
     assert len(limiter) == 100
 
 
+def test_buckets_that_refilled_are_forgotten_so_old_pairs_hold_no_memory() -> None:
+    limiter = PollLimiter(burst=2, default_interval_s=1.0)
+    for n in range(1_000):  # a caller polling a new task every 10 ms, once each
+        assert limiter.admit("p", f"task-{n}", 1.0, now=n / 100) == 0
+    # A bucket refills 1 s after its one poll: only the last second's are held.
+    assert len(limiter) <= 101
+
+
+def test_a_forgotten_bucket_was_full_so_pacing_is_unchanged() -> None:
+    limiter = PollLimiter(burst=2, default_interval_s=1.0)
+    assert [limiter.admit("p", "t", 1.0, now=0.0) for _ in range(2)] == [0, 0]
+    for n in range(10):  # other pairs come and go; "t" is not full until t=2
+        limiter.admit("p", f"other-{n}", 1.0, now=n / 10)
+    assert limiter.admit("p", "t", 1.0, now=1.0) == 0  # one token back, not two
+    assert limiter.admit("p", "t", 1.0, now=1.0) == pytest.approx(1.0)
+    for n in range(20):  # long after every bucket so far refilled, 20 new pairs
+        assert limiter.admit("q", f"u-{n}", 1.0, now=10.0) == 0
+    assert len(limiter) == 20  # the eleven old ones forgotten, two a poll
+
+
 def test_stream_limits_per_principal_and_total() -> None:
     streams = StreamLimiter(max_total=3, max_per_principal=2)
     assert streams.acquire("a") is None and streams.acquire("a") is None

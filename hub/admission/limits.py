@@ -3,7 +3,9 @@ forwarded requests per caller, and the bytes of upstream answers held at once.
 
 Pure bookkeeping with time passed in, so every rule is unit-tested without waiting.
 Memory stays bounded: the poll buckets are an LRU of fixed size, and a bucket that has
-refilled completely is indistinguishable from a new one, so evicting it loses nothing.
+refilled completely is indistinguishable from a new one, so it is forgotten once it is the
+least recently used: the buckets held are those of callers polling now, not every
+(caller, task) pair since the hub started.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from dataclasses import dataclass
 class _Bucket:
     tokens: float
     stamp: float
+    full_at: float  # when it will have refilled: from then on it is as good as new
 
 
 class PollLimiter:
@@ -41,20 +44,34 @@ class PollLimiter:
         if interval <= 0:
             return 0.0
         key = (principal, task_id)
-        bucket = self._buckets.get(key)
+        buckets = self._buckets
+        self._forget_refilled(now)
+        bucket = buckets.get(key)
         if bucket is None:
-            bucket = _Bucket(float(self.burst), now)
-            self._buckets[key] = bucket
-            if len(self._buckets) > self.max_keys:
-                self._buckets.popitem(last=False)
+            bucket = _Bucket(float(self.burst), now, now)
+            buckets[key] = bucket
+            if len(buckets) > self.max_keys:
+                buckets.popitem(last=False)
         else:
-            self._buckets.move_to_end(key)
+            buckets.move_to_end(key)
             bucket.tokens = min(self.burst, bucket.tokens + (now - bucket.stamp) / interval)
             bucket.stamp = now
         if bucket.tokens >= 1:
             bucket.tokens -= 1
+            bucket.full_at = now + (self.burst - bucket.tokens) * interval
             return 0.0
         return (1 - bucket.tokens) * interval
+
+    def _forget_refilled(self, now: float) -> None:
+        """Drop least recently used buckets that have refilled (at most two a call, so a
+        poll never pays for a long sweep; the buckets are used in about the order they
+        refill, so two keep up)."""
+        buckets = self._buckets
+        for _ in (1, 2):
+            key = next(iter(buckets), None)
+            if key is None or buckets[key].full_at > now:
+                return
+            del buckets[key]
 
 
 class StreamLimiter:
