@@ -8,6 +8,7 @@ import hashlib
 import inspect
 import json
 import time
+import tracemalloc
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,6 +48,17 @@ def rpc(
         },
     )
     return {"jsonrpc": "2.0", "id": id, "method": method, "params": params}
+
+
+def memory_held_by(work: Callable[[], object]) -> int:
+    """The bytes Python allocated while `work` ran and still holds after it (tracemalloc)."""
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        work()
+        return tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
 
 
 def headers_for(body: dict[str, Any]) -> dict[str, str]:

@@ -15,6 +15,7 @@ from hub.front_door.forwarding import (
     response_headers,
 )
 from hub.settings import parse_trusted_proxies
+from tests.helpers import memory_held_by
 
 NONE = TrustedProxies()
 PROXY = TrustedProxies(parse_trusted_proxies("10.0.0.0/8, ::1"))
@@ -194,6 +195,47 @@ def test_a_remembered_head_is_what_request_headers_makes_of_it() -> None:
             assert sent.lines == b"".join(b"%s: %s\r\n" % field for field in sent.headers)
     other = [(b"authorization", b"Bearer b"), (b"x-forwarded-for", b"1.1.1.1")]
     assert b"Bearer b" in heads.of(other, "10.0.0.1", "https").lines  # never another's
-    for i in range(50):  # past two generations of 200 bytes: the oldest are forgotten
-        heads.of([(b"x-n", str(i).encode())], None, "http")
-    assert len(heads._new) + len(heads._old) < 50
+    heads = OutgoingHeads(trusted, memo_bytes=5000)  # a few entries a generation
+    for i in range(50):  # past two generations: the oldest are forgotten
+        for _ in range(2):  # remembered the second time
+            heads.of([(b"x-n", str(i).encode())], None, "http")
+        assert heads.held() <= 2 * 5000
+    assert 0 < len(heads) < 50
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        pytest.param(
+            [(b"mcp-name", b"echo{i:06}"), (b"authorization", b"Bearer x.y.z")], id="a call"
+        ),
+        pytest.param([(b"x-%d" % n, b"{i:06}") for n in range(90)], id="many tiny fields"),
+        pytest.param([(b"authorization", b"Bearer {i:06}" + b"t" * 3000)], id="one long field"),
+    ],
+)
+def test_what_the_remembered_heads_hold_in_memory_is_within_the_bound(
+    fields: list[tuple[bytes, bytes]],
+) -> None:
+    """The bound is memory, not the lines' bytes: an entry holds the client's fields, the
+    fields sent and their lines. Counted as lines, these heads held 3 to 10 times it."""
+    budget = 128 * 1024
+    heads = OutgoingHeads(NONE, memo_bytes=budget)
+
+    def calls() -> None:
+        for i in range(2000):
+            client = [(name, value.replace(b"{i:06}", b"%06d" % i)) for name, value in fields]
+            heads.of(client, "203.0.113.7", "https")
+            heads.of(list(client), "203.0.113.7", "https")  # remembered the second time
+
+    held = memory_held_by(calls)
+    assert len(heads) > 0
+    seen_once = 80 * 2000  # each head's hash, kept from its first read
+    assert held <= 2 * budget * 1.25 + seen_once, f"{held / 1024:.0f} KiB held, bound {budget}"
+
+
+def test_heads_that_never_come_again_are_not_remembered() -> None:
+    """A client with a new head each time (a trace id per request, or a hostile one)."""
+    heads = OutgoingHeads(NONE)
+    for i in range(1000):
+        heads.of([(b"traceparent", b"00-%032d-01" % i)], "203.0.113.7", "https")
+    assert len(heads) == 0 and heads.held() == 0

@@ -7,7 +7,6 @@ else must be declined, so uvicorn's parser gets those bytes untouched.
 
 from __future__ import annotations
 
-import tracemalloc
 from typing import Any
 
 import httptools
@@ -15,8 +14,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hub.http import whole_post
+from hub.http import head_memo, whole_post
 from hub.settings import HeadLimits
+from tests.helpers import memory_held_by
 
 BODY = b'{"jsonrpc":"2.0","id":1,"method":"tasks/get"}'
 HEADERS = [
@@ -201,6 +201,7 @@ def test_a_remembered_head_reads_each_body_by_its_own_length() -> None:
     heads = whole_post.Heads()
     first, second = request(body=b'{"id":1}'), request(body=b'{"id":2}')
     assert heads.parse(first) == whole_post.parse(first)
+    assert heads.parse(first) == whole_post.parse(first) and len(heads) == 1
     parsed = heads.parse(second)
     assert parsed is not None and parsed[1] == b'{"id":2}' and len(heads) == 1
     assert heads.parse(second[:-1]) is None  # its head is known; the body is not all here
@@ -211,7 +212,8 @@ def test_heads_are_remembered_within_their_bound() -> None:
     heads = whole_post.Heads(memo_bytes=20_000)
     for i in range(100):
         data = request([("Mcp-Name", f"task-{i:04}")])
-        assert heads.parse(data) == whole_post.parse(data)
+        for _ in range(2):  # remembered the second time
+            assert heads.parse(data) == whole_post.parse(data)
         assert heads.held() <= 2 * 20_000  # two generations
     recent = request([("Mcp-Name", "task-0099")])
     assert heads.parse(recent) is not None and len(heads) >= 2
@@ -234,16 +236,39 @@ def test_what_the_remembered_heads_hold_in_memory_is_within_the_bound(
     2 to 20 times the bound."""
     budget = 256 * 1024
     heads = whole_post.Heads(memo_bytes=budget)
-    tracemalloc.start()
-    try:
-        before = tracemalloc.get_traced_memory()[0]
+
+    def reads() -> None:
         for i in range(3000):
-            heads.parse(request([(name, value.format(i=i)) for name, value in fields]))
-        held = tracemalloc.get_traced_memory()[0] - before
-    finally:
-        tracemalloc.stop()
+            data = request([(name, value.format(i=i)) for name, value in fields])
+            heads.parse(data)
+            heads.parse(data)  # remembered the second time
+
+    held = memory_held_by(reads)
     assert len(heads) > 0
-    assert held <= 2 * budget * 1.25, f"{held / 1024:.0f} KiB held for a {budget // 1024} KiB bound"
+    seen_once = 80 * 3000  # each head's hash, kept from its first read
+    assert held <= 2 * budget * 1.25 + seen_once, f"{held / 1024:.0f} KiB held, bound {budget}"
+
+
+def test_a_head_is_remembered_only_when_it_comes_again() -> None:
+    heads = whole_post.Heads()
+    poll = request([("Mcp-Name", "task-1")])
+    assert heads.parse(poll) == whole_post.parse(poll) and len(heads) == 0
+    assert heads.parse(poll) == whole_post.parse(poll) and len(heads) == 1
+
+
+def test_heads_that_never_come_again_hold_almost_no_memory() -> None:
+    """Each poll of a new task, or a client that varies every head: before, each such
+    head's parse was remembered (~3 KiB each, up to two generations of MEMO_BYTES)."""
+    heads = whole_post.Heads()
+
+    def polls() -> None:
+        for i in range(20_000):
+            data = request([("Mcp-Name", f"task-{i:06}"), ("Authorization", "Bearer x.y.z")])
+            assert heads.parse(data) is not None
+
+    held = memory_held_by(polls)
+    assert len(heads) == 0
+    assert held <= head_memo.SEEN_ONCE * 80, f"{held / 1024:.0f} KiB held"
 
 
 def test_a_head_longer_than_memo_head_is_read_but_not_remembered() -> None:

@@ -19,6 +19,7 @@ from typing import NamedTuple
 
 from hub.admission.auth import COOKIE_NAME
 from hub.front_door.upstream_http import DECODABLE
+from hub.http.head_memo import HeadMemo
 from hub.rpc.routing_headers import head_lines
 from hub.settings import Network
 
@@ -126,36 +127,47 @@ class SentHead(NamedTuple):
 
 
 class OutgoingHeads:
-    """`request_headers` (and its lines) remembered by the client's head, peer and scheme:
-    a client sends the same head with each request. Two generations of at most
-    `memo_bytes` of lines each, heads of up to `MEMO_HEAD` bytes only; what is remembered
-    is what `request_headers` would return, being a function of those three alone."""
+    """`request_headers` (and its lines) remembered by the client's head, peer and scheme
+    in a `HeadMemo` of `memo_bytes` a generation (hub/http/head_memo.py): a client sends
+    the same head with each request. Only heads whose lines fit in `MEMO_HEAD` bytes are
+    remembered; what is remembered is what `request_headers` would return, being a
+    function of those three alone."""
 
     MEMO_HEAD = 4096
 
     def __init__(self, trusted: TrustedProxies, memo_bytes: int = 1 << 20) -> None:
         self.trusted = trusted
-        self.memo_bytes = memo_bytes
-        self._new: dict[tuple[object, ...], SentHead] = {}
-        self._old: dict[tuple[object, ...], SentHead] = {}
-        self._new_bytes = 0
+        self._memo: HeadMemo[tuple[object, ...], SentHead] = HeadMemo(memo_bytes)
+
+    def __len__(self) -> int:
+        return len(self._memo)
+
+    def held(self) -> int:
+        """The memory the remembered heads hold, as counted against `memo_bytes`."""
+        return self._memo.held()
 
     def of(self, headers: RawHeaders, peer: str | None, scheme: str) -> SentHead:
         key = (tuple(headers), peer, scheme)
-        found = self._new.get(key)
+        memo = self._memo
+        found = memo.new.get(key)
         if found is not None:
             return found
-        found = self._old.pop(key, None)
-        if found is None:
-            sent = request_headers(headers, peer, scheme, self.trusted)
-            found = SentHead(sent, head_lines(sent))
-            if len(found.lines) > self.MEMO_HEAD:
-                return found
-        if self._new_bytes + len(found.lines) > self.memo_bytes:
-            self._old, self._new, self._new_bytes = self._new, {}, 0
-        self._new[key] = found
-        self._new_bytes += len(found.lines)
+        older = memo.older(key)
+        if isinstance(older, SentHead):
+            memo.keep(key, older, _held(older), again=True)
+            return older
+        sent = request_headers(headers, peer, scheme, self.trusted)
+        found = SentHead(sent, head_lines(sent))
+        if len(found.lines) <= self.MEMO_HEAD:
+            memo.keep(key, found, _held(found))
         return found
+
+
+def _held(sent: SentHead) -> int:
+    """What remembering `sent` holds, estimated in a few operations: the client's fields
+    (kept alive by the key), the fields sent and their lines, with about 256 bytes of
+    objects around each field. tests/test_forwarding.py checks it against tracemalloc."""
+    return 3 * len(sent.lines) + 256 * len(sent.headers) + 512
 
 
 def response_headers(headers: Iterable[tuple[bytes, bytes]]) -> RawHeaders:

@@ -15,7 +15,7 @@ any byte outside a header name's token or a value's visible characters, a folded
 repeated `Content-Length`, a read holding less or more than exactly one request, and a
 head over one of the server's limits (hub/http/head_limits.py), which uvicorn's path refuses.
 
-`Heads` remembers what recent heads parsed to, by their bytes. A client polling a task
+`Heads` remembers what heads that come again parsed to, by their bytes. A client polling a task
 sends the same head each time (only the body's request id changes), so reading it again
 would be most of the cost of a cached `tasks/get`; a head's parse depends on nothing but
 its bytes, so the remembered one is the one `parse` would give.
@@ -26,6 +26,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import NamedTuple
 
+from hub.http.head_memo import HeadMemo
 from hub.settings import HeadLimits
 
 # What a target and a header name may hold. The whole head must be `str.isprintable`
@@ -36,9 +37,9 @@ _TOKEN_CHARS = "!#$%&'*+.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMN
 # Headers after which uvicorn's parser does more than read a request: decline.
 _DECLINED = frozenset({"transfer-encoding", "expect", "upgrade"})
 MAX_HEAD = 16 * 1024
-# `Heads` keeps two generations of heads, each holding at most this much memory (the heads
-# and their parses, as sys.getsizeof counts them), and only heads of up to MEMO_HEAD bytes
-# (one with a bearer token fits).
+# `Heads` keeps two generations of heads that came again, each holding at most this much
+# memory (the heads and their parses, as `_held` estimates it), and only heads of up to
+# MEMO_HEAD bytes (one with a bearer token fits).
 MEMO_BYTES = 4 << 20
 MEMO_HEAD = 4096
 
@@ -71,28 +72,20 @@ def parse(data: bytes, limits: HeadLimits = DEFAULT_LIMITS) -> WholeRequest | No
 
 
 class Heads:
-    """`parse`, remembering what recent heads parsed to (declined ones too).
-
-    Two generations, so a working set just over one generation's size does not miss on
-    every read: a head found in the older one moves to the newer; when the newer fills,
-    it becomes the older and the oldest are forgotten.
-    """
+    """`parse`, remembering what heads that come again parsed to (declined ones too), in a
+    `HeadMemo` of `memo_bytes` a generation (hub/http/head_memo.py)."""
 
     def __init__(self, limits: HeadLimits = DEFAULT_LIMITS, memo_bytes: int = MEMO_BYTES) -> None:
         self.limits = limits
-        self.memo_bytes = memo_bytes
-        self._new: dict[bytes, Head | None] = {}
-        self._old: dict[bytes, Head | None] = {}
-        self._new_bytes = 0
-        self._old_bytes = 0
+        self._memo: HeadMemo[bytes, Head | None] = HeadMemo(memo_bytes)
 
     def __len__(self) -> int:
         """How many heads are remembered."""
-        return len(self._new) + len(self._old)
+        return len(self._memo)
 
     def held(self) -> int:
         """The memory the remembered heads hold, as counted against `memo_bytes`."""
-        return self._new_bytes + self._old_bytes
+        return self._memo.held()
 
     def parse(self, data: bytes) -> WholeRequest | None:
         """As `parse(data)`."""
@@ -103,7 +96,7 @@ class Heads:
             return None
         key = data[:head_end]
         try:
-            head = self._new[key]
+            head = self._memo.new[key]
         except KeyError:
             head = self._remember(key)
         if head is None or len(data) != head_end + head.length:
@@ -111,20 +104,14 @@ class Heads:
         return head, data[head_end:]
 
     def _remember(self, key: bytes) -> Head | None:
-        head = self._old.pop(key, _UNKNOWN)
-        older = head is not _UNKNOWN
-        if not older:
-            head = _read_head(key, self.limits)
-            if len(key) > MEMO_HEAD:
-                return head
-        size = _held(key, head)
-        if older:
-            self._old_bytes -= size  # it moves to the newer generation
-        if self._new_bytes + size > self.memo_bytes:
-            self._old, self._new = self._new, {}
-            self._old_bytes, self._new_bytes = self._new_bytes, 0
-        self._new[key] = head
-        self._new_bytes += size
+        memo = self._memo
+        head = memo.older(key)
+        if isinstance(head, Head) or head is None:
+            memo.keep(key, head, _held(key, head), again=True)
+            return head
+        head = _read_head(key, self.limits)
+        if len(key) <= MEMO_HEAD:
+            memo.keep(key, head, _held(key, head))
         return head
 
 
@@ -136,9 +123,6 @@ def _held(key: bytes, head: Head | None) -> int:
     if head is None:
         return len(key) + 128
     return 3 * len(key) + 256 * len(head.raw) + 512
-
-
-_UNKNOWN = Head("", {}, -1, [])  # a marker, never a parse
 
 
 def _read_head(data: bytes, limits: HeadLimits) -> Head | None:
