@@ -120,6 +120,12 @@ def clean() -> Run:
         for hub in (0, 1)
         for t in (A, B)
     ]
+    # D had a TTL that ended before the run did: both hubs answer -32602 after it.
+    D = "task-d"
+    h.acks[D].append(Ack(1.0, "completed", "final 0", task(D, "completed", "final 0")))
+    h.attempt(D, "completed", "final 0")
+    h.gone.add(D)
+    h.gets += [GetAnswer(30.0, hub, D, True, True, -32602, message="not found") for hub in (0, 1)]
     h.faults.append(FaultRecord(**vars(FAULT)))
     h.unknown_creates[C] = 3.0
     h.resolved_unknown[C] = False
@@ -191,6 +197,11 @@ CASES: dict[str, Case] = {
         "final-state",
         set(),
         lambda r: setattr(final_get(r, 1, A), "task", task(A, *STATES[1])),
+    ),
+    "a task past its TTL still answered after the run": (
+        "final-state",
+        set(),
+        lambda r: r.history.gone.add(A),
     ),
     "a live hub not read after the run": (
         "final-state",
@@ -303,6 +314,15 @@ def test_each_check_reports_the_violation_it_exists_for(case: str) -> None:
     assert reported == {name, *also}
     assert checks[name].examples, f"{name} reported no example"
     assert all(example.strip() for example in checks[name].examples)
+
+
+def test_a_task_near_its_ttls_end_is_neither_read_nor_expected_after_the_run() -> None:
+    run = clean()
+    run.history.near_expiry.add(B)
+    for hub in (0, 1):
+        run.history.gets.remove(final_get(run, hub, B))
+    checks, _ = run.checks()
+    assert checks["final-state"].violations == 0
 
 
 def test_an_older_snapshot_on_a_re_listen_is_counted_not_a_violation() -> None:

@@ -99,6 +99,10 @@ class History:
     consumer_counts: list[tuple[float, int]] = field(default_factory=list)
     hub_restarts: list[tuple[float, int, int]] = field(default_factory=list)  # (t, hub, pid)
     notes: list[str] = field(default_factory=list)
+    # At the reads after the run (a soak's tasks have a TTL): tasks well past it, read and
+    # expected gone (-32602), and tasks too near it to expect either, not read.
+    gone: set[str] = field(default_factory=set)
+    near_expiry: set[str] = field(default_factory=set)
 
     def rel(self, at: float) -> float:
         return round(at - self.t0, 3)
@@ -164,5 +168,7 @@ class History:
             "consumer_counts": [[rel(t), n] for t, n in self.consumer_counts],
             "hub_restarts": [[rel(t), hub, pid] for t, hub, pid in self.hub_restarts],
             "notes": self.notes,
+            "gone": sorted(self.gone),
+            "near_expiry": sorted(self.near_expiry),
         }
         path.write_text(json.dumps(data))

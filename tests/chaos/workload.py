@@ -11,6 +11,7 @@ with `bridge.get` after the run).
 from __future__ import annotations
 
 import asyncio
+import datetime
 import functools
 import random
 import time
@@ -61,11 +62,14 @@ async def retried(env: Env, call: Callable[[], Awaitable[T]]) -> T:
 
 
 class Writers:
-    def __init__(self, env: Env, seed: int, tasks: int, span_s: float) -> None:
+    def __init__(
+        self, env: Env, seed: int, tasks: int, span_s: float, ttl_ms: int | None = None
+    ) -> None:
         self.env = env
         self.seed = seed
         self.tasks = tasks
         self.span_s = span_s  # task starts are spread evenly over this
+        self.ttl_ms = ttl_ms  # every task's, or None: kept for good
         self.created: asyncio.Queue[str] = asyncio.Queue()  # for followers, twice each
         self.to_poll: asyncio.Queue[str] = asyncio.Queue()
         self.done = asyncio.Event()
@@ -93,7 +97,10 @@ class Writers:
             # The id is not known before the call, so "created" is added as attempted
             # for the returned id; create writes nothing else.
             record = await retried(
-                env, lambda: bridge.create(owner="anonymous", status_message="created")
+                env,
+                lambda: bridge.create(
+                    owner="anonymous", ttl_ms=self.ttl_ms, status_message="created"
+                ),
             )
         except CreateOutcomeUnknown as exc:
             history.unknown_creates[exc.task_id] = time.monotonic()
@@ -144,6 +151,15 @@ class Writers:
         if record is None:
             raise TaskNotFound(task_id)
         return record
+
+
+def expires_at(task: dict[str, Any]) -> float | None:
+    """The wall-clock second `task` (as a client sees it) passes its TTL, or None."""
+    ttl_ms = task.get("ttlMs")
+    if ttl_ms is None:
+        return None
+    created = datetime.datetime.fromisoformat(task["createdAt"].replace("Z", "+00:00"))
+    return created.timestamp() + ttl_ms / 1000
 
 
 async def get_task(env: Env, hub: int, task_id: str, final: bool) -> GetAnswer:
