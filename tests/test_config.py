@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from hub.config import Config, config_from_args
+from hub.config import Config
+from hub.options import config_from_args
 
 
 def test_defaults_match_the_contract() -> None:
@@ -81,7 +82,7 @@ def test_non_loopback_without_auth_needs_an_explicit_flag(
 
 
 def test_the_readme_documents_every_option() -> None:
-    from hub.config import _OPTIONS
+    from hub.options import _OPTIONS
 
     readme = (Path(__file__).parent.parent / "docs" / "configuration.md").read_text()
     for flag, _, help in _OPTIONS:

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import yaml
 
-from hub.config import add_serve_options
+from hub.options import add_serve_options
 
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"

@@ -6,8 +6,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from hub.config import Config, config_from_args
+from hub.config import Config
 from hub.http.hosts import MEMO, HostRule
+from hub.options import config_from_args
 
 RULE = HostRule(Config(public_url="https://hub.example:8443").host_names)
 

@@ -18,8 +18,9 @@ from hub.commands import demo
 from hub.commands.embedded_nats import NatsServerError, NatsServerProcess
 from hub.commands.server import configure_logging, run_server
 from hub.commands.workers import run_workers
-from hub.config import Config, add_serve_options, config_from_namespace
+from hub.config import Config
 from hub.operators import tail
+from hub.options import add_serve_options, config_from_namespace
 
 log = logging.getLogger("taskhub")
 

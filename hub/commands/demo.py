@@ -26,7 +26,8 @@ import uvicorn
 from hub.commands.demo_fleet import SERVERS, Fleet, Pace
 from hub.commands.embedded_nats import NatsServerError, NatsServerProcess
 from hub.commands.server import HubServer, configure_logging, run_server
-from hub.config import Config, add_option
+from hub.config import Config
+from hub.options import add_option
 from hub.runtime import Hub
 from hub.settings import SYNC_ALWAYS
 

@@ -25,9 +25,9 @@ import msgspec
 from rich.console import Console
 from rich.live import Live
 
-from hub.config import add_option
 from hub.operators import tail_view
 from hub.operators.tail_view import Change, TaskChanged, TaskRemoved, View
+from hub.options import add_option
 
 EXIT_REFUSED = 2
 EXIT_INTERRUPTED = 130

@@ -35,8 +35,8 @@ import pytest
 from bridge import TaskBridge
 from bridge.wire import DEFAULT_BUCKET
 from hub.commands.embedded_nats import NatsServerProcess
-from hub.config import config_from_args
 from hub.metrics import Metrics
+from hub.options import config_from_args
 from hub.store.cache import TaskCache
 from hub.store.source import NatsSource
 from tests.e2e.test_serve import taskhub_command
