@@ -17,7 +17,8 @@ answer must not become a false -32602 or an old state.
 
 Readiness is vouched for by the same leader: a ready hub's check asks its consumer and
 the stream's leader each time, and a leader that has not heard from a quorum of its
-replicas lately, or no answer at all, makes the hub re-watch and not ready.
+replicas lately, or no answer at all, makes the hub re-watch and not ready. Which leader
+answers, and through which NATS server: hub/store/leader_choice.py.
 """
 
 from __future__ import annotations
@@ -31,11 +32,10 @@ from typing import Any
 
 import nats
 from nats.aio.client import Client as NatsClient
-from nats.aio.msg import Msg
 from nats.js import api
 from nats.js.errors import NotFoundError
 
-from bridge.elections import STREAM_LEADER_ELECTED, LeaderElected, unless_elected
+from bridge.elections import STREAM_LEADER_ELECTED
 from bridge.jetstream import ensure_bucket, ensure_control_stream
 from bridge.store_reads import StoreUnavailable, StoreView, leads_with_quorum, read_last
 from bridge.wire import (
@@ -53,6 +53,7 @@ from hub.store.checkpointer import Checkpoints
 from hub.store.durability import report_durability
 from hub.store.first_read.run import read_in_bulk
 from hub.store.first_read.worker import SPLIT_FROM, split_at
+from hub.store.leader_choice import LeaderChoice
 from hub.store.listener import NOBODY, Listener
 from hub.store.snapshot import TaskSnapshot
 
@@ -72,11 +73,6 @@ WATCH_STALE_BOUND_S = max(
 )
 # How long the bucket stream must show a sequence behind the hub's before it counts as reset.
 CONFIRM_RESET_S = 3.0
-# How often a re-watch asks for a leader with its quorum, between such announcements.
-REWATCH_PAUSE_S = 0.5
-# How long a re-watch asks through one NATS server before it tries another: past
-# JetStream's shortest election (4 s), so a server cut off from the others is left.
-SWITCH_SERVER_S = 5.0
 # How long a re-watch keeps asking JetStream to delete the consumer it replaced.
 FORGET_CONSUMER_S = 60.0
 # How long a closing hub waits to delete its watch's consumer (else it expires).
@@ -134,8 +130,7 @@ class NatsSource:
         self._view = StoreView()  # highest stream sequence any store answer showed
         self._stream_created = ""  # the bucket stream's creation time, as of the last watch
         self._behind_since = 0.0  # when the stream first showed a sequence behind ours
-        self._elected = asyncio.Event()  # a new bucket stream leader was announced
-        self._leaving: tuple[str, int] | None = None  # a server we reconnect away from; draws
+        self._leader = LeaderChoice(self._servers, self.stream)
         self._catch_up_task: asyncio.Task[None] | None = None
         self._first_read_task: asyncio.Task[None] | None = None
         self._first_read_tried = False  # once per bucket stream: if it fails, the watch reads
@@ -175,8 +170,9 @@ class NatsSource:
             **self.nats_options,
         )
         self.js = self.nc.jetstream(timeout=self.request_timeout)
+        self._leader.attach(self.nc, self.js)
         # Re-watch on a new leader the moment it is elected, not a request timeout later.
-        await self.nc.subscribe(STREAM_LEADER_ELECTED + self.stream, cb=self._on_leader_elected)
+        await self.nc.subscribe(STREAM_LEADER_ELECTED + self.stream, cb=self._leader.on_elected)
         await ensure_bucket(self.js, self.bucket, self.replicas)
         await ensure_control_stream(self.js, self.replicas)
         await report_durability(
@@ -330,7 +326,7 @@ class NatsSource:
             self._forget_consumer,
             self._batch,
         )
-        await feed.start(self._here(), self.nats_options, config)
+        await feed.start(self._leader.here(), self.nats_options, config)
         self._feed = feed
         if self._catch_up_seq <= self._applied_seq:
             self._mark_caught_up()
@@ -398,74 +394,13 @@ class NatsSource:
             try:
                 if old is not None:
                     await self._discard(old)
-                await self._watch(await self._leader_info())
+                await self._watch(await self._leader.leader_info())
                 if counted:
                     self.metrics.rewatches.inc()
                 return
             except Exception as exc:
                 log.warning("re-watch failed (%s); retrying", type(exc).__name__)
                 await asyncio.sleep(0.5)
-
-    async def _leader_info(self) -> api.StreamInfo:
-        """The bucket stream's info from a leader that has its quorum. Asked again at once
-        when JetStream announces a new leader (an ask in flight is dropped: after a node
-        died it would time out), else every REWATCH_PAUSE_S."""
-        asking_since = time.monotonic()
-        while True:
-            if time.monotonic() - asking_since > SWITCH_SERVER_S:
-                asking_since = time.monotonic()
-                await self._switch_server()
-            self._elected.clear()
-            try:
-                info: api.StreamInfo = await unless_elected(
-                    self.js.stream_info(self.stream), self._elected
-                )
-            except LeaderElected:
-                continue
-            except Exception as exc:  # no leader yet, a timeout, a reconnect
-                log.debug("bucket stream info failed during a re-watch: %s", exc)
-            else:
-                if leads_with_quorum(info):
-                    return info
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(REWATCH_PAUSE_S):
-                    await self._elected.wait()
-
-    async def _switch_server(self) -> None:
-        """Our NATS server has shown no leader with its quorum for SWITCH_SERVER_S: it may
-        be cut off from the others, answering PINGs all the while. Reconnect to another
-        of the given servers (nats-py takes the next in its pool)."""
-        nc = self.nc
-        if nc is None or len(self._servers) < 2 or not nc.is_connected:
-            return
-        log.warning(
-            "no bucket stream leader with its quorum through %s for %.0f s; "
-            "reconnecting to another NATS server",
-            nc.connected_url.netloc if nc.connected_url else "?",
-            SWITCH_SERVER_S,
-        )
-        self._leaving = (nc.connected_url.netloc if nc.connected_url else "", 1)
-        await nc.force_reconnect()
-
-    def _here(self) -> list[str]:
-        """The server the hub's connection is on, for the watch's own connection: its
-        deliveries then take the path the hub's requests just proved (a node cut off
-        from the others would receive none of them)."""
-        nc = self.nc
-        if nc is None or nc.connected_url is None or not nc.is_connected:
-            return self._servers
-        return [nc.connected_url.geturl()]
-
-    def _reconnect_again(self) -> None:
-        if self.nc is not None and not self._closing:
-            task = asyncio.ensure_future(self.nc.force_reconnect())
-            self._cleanups.add(task)
-            task.add_done_callback(self._cleanups.discard)
-
-    async def _on_leader_elected(self, msg: Msg) -> None:
-        """JetStream's advisory: the bucket stream has a new leader."""
-        log.info("bucket stream leader elected: %s", msg.data[:200].decode(errors="replace"))
-        self._elected.set()
 
     async def _confirm_catch_up(self) -> None:
         """The last message may have expired before delivery: ask the consumer too."""
@@ -532,7 +467,7 @@ class NatsSource:
             raise StoreUnavailable(f"control stream unavailable: {type(exc).__name__}") from exc
 
     async def close(self) -> None:
-        self._closing = True
+        self._closing = self._leader.closing = True
         for task in (
             self._catch_up_task,
             self._first_read_task,
@@ -603,14 +538,7 @@ class NatsSource:
 
     async def _on_reconnected(self) -> None:
         log.info("NATS reconnected")
-        nc, leaving = self.nc, self._leaving
-        here = nc.connected_url.netloc if nc is not None and nc.connected_url else None
-        if leaving is not None and here == leaving[0] and leaving[1] < len(self._servers):
-            # nats-py drew the server we are leaving again: draw once more.
-            self._leaving = (leaving[0], leaving[1] + 1)
-            asyncio.get_running_loop().call_later(0.05, self._reconnect_again)
-        else:
-            self._leaving = None
+        self._leader.reconnected()
         self._restart_watch()
         self._listener.reconnected()
 
