@@ -19,7 +19,7 @@ from typing import NamedTuple
 
 from hub.admission.auth import COOKIE_NAME
 from hub.front_door.upstream_http import DECODABLE
-from hub.http.head_memo import HeadMemo
+from hub.http.head_memo import HeadMemo, estimate
 from hub.rpc.routing_headers import head_lines
 from hub.settings import Network
 
@@ -137,7 +137,7 @@ class OutgoingHeads:
 
     def __init__(self, trusted: TrustedProxies, memo_bytes: int = 1 << 20) -> None:
         self.trusted = trusted
-        self._memo: HeadMemo[tuple[object, ...], SentHead] = HeadMemo(memo_bytes)
+        self._memo: HeadMemo[tuple[object, ...], SentHead] = HeadMemo(memo_bytes, _held)
 
     def __len__(self) -> int:
         return len(self._memo)
@@ -149,25 +149,20 @@ class OutgoingHeads:
     def of(self, headers: RawHeaders, peer: str | None, scheme: str) -> SentHead:
         key = (tuple(headers), peer, scheme)
         memo = self._memo
-        found = memo.new.get(key)
-        if found is not None:
+        found = memo.new.get(key) or memo.recall(key)
+        if isinstance(found, SentHead):
             return found
-        older = memo.older(key)
-        if isinstance(older, SentHead):
-            memo.keep(key, older, _held(older), again=True)
-            return older
         sent = request_headers(headers, peer, scheme, self.trusted)
-        found = SentHead(sent, head_lines(sent))
-        if len(found.lines) <= self.MEMO_HEAD:
-            memo.keep(key, found, _held(found))
-        return found
+        made = SentHead(sent, head_lines(sent))
+        if len(made.lines) <= self.MEMO_HEAD:
+            memo.keep(key, made)
+        return made
 
 
-def _held(sent: SentHead) -> int:
-    """What remembering `sent` holds, estimated in a few operations: the client's fields
-    (kept alive by the key), the fields sent and their lines, with about 256 bytes of
-    objects around each field. tests/test_forwarding.py checks it against tracemalloc."""
-    return 3 * len(sent.lines) + 256 * len(sent.headers) + 512
+def _held(_: object, sent: SentHead) -> int:
+    """What remembering `sent` holds: the client's fields (kept alive by the key), the
+    fields sent and their lines."""
+    return estimate(len(sent.lines), len(sent.headers))
 
 
 def response_headers(headers: Iterable[tuple[bytes, bytes]]) -> RawHeaders:

@@ -16,7 +16,7 @@ head sent upstream). Two rules keep that bounded and worth its memory:
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from typing import Final, Generic, TypeVar
 
 K = TypeVar("K", bound=Hashable)
@@ -25,21 +25,31 @@ V = TypeVar("V")
 SEEN_ONCE = 16_384
 
 
-class _Missing:
+class Missing:
     pass
 
 
-MISSING: Final = _Missing()  # what `older` gives for a key it does not hold
+MISSING: Final = Missing()  # what `recall` gives for a key it does not hold
+
+
+def estimate(head_bytes: int, fields: int) -> int:
+    """What remembering a head and what it turned into holds in memory, in a few
+    operations (it runs on every miss): the head and its fields about three times over,
+    with about 256 bytes of objects around each field. tests/test_whole_post.py and
+    tests/test_forwarding.py check it against tracemalloc."""
+    return 3 * head_bytes + 256 * fields + 512
 
 
 class HeadMemo(Generic[K, V]):
     """`new` is the newer generation, for a caller's fast path (`memo.new[key]`). On a
-    miss there: `older(key)`, and `keep` what it gave back or what the caller made."""
+    miss there: `recall(key)`, else `keep` what the caller made. `size(key, value)` is
+    what an entry holds in memory (`estimate`)."""
 
-    __slots__ = ("_old", "_old_bytes", "_seen", "limit", "new", "new_bytes")
+    __slots__ = ("_old", "_old_bytes", "_seen", "_size", "limit", "new", "new_bytes")
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, size: Callable[[K, V], int]) -> None:
         self.limit = limit
+        self._size = size
         self.new: dict[K, V] = {}
         self._old: dict[K, V] = {}
         self.new_bytes = 0
@@ -51,25 +61,29 @@ class HeadMemo(Generic[K, V]):
         return len(self.new) + len(self._old)
 
     def held(self) -> int:
-        """The memory the entries hold, as their sizes were given to `keep`."""
+        """The memory the entries hold, as `size` counts it."""
         return self.new_bytes + self._old_bytes
 
-    def older(self, key: K) -> V | _Missing:
-        """The entry under `key` in the older generation, taken out of it (`keep` it)."""
-        return self._old.pop(key, MISSING)
-
-    def keep(self, key: K, value: V, size: int, *, again: bool = False) -> None:
-        """Remember `value` under `key`, `size` bytes of memory: at once when `again` (it
-        came from `older`), else only if `key` came before."""
-        if again:
+    def recall(self, key: K) -> V | Missing:
+        """The entry under `key` in the older generation, moved to the newer; else MISSING."""
+        value = self._old.pop(key, MISSING)
+        if not isinstance(value, Missing):
+            size = self._size(key, value)
             self._old_bytes -= size
-        else:
-            seen, fingerprint = self._seen, hash(key)  # bytes cache their hash: no rehash
-            if fingerprint not in seen:
-                if len(seen) >= SEEN_ONCE:
-                    seen.clear()
-                seen.add(fingerprint)
-                return
+            self._put(key, value, size)
+        return value
+
+    def keep(self, key: K, value: V) -> None:
+        """Remember `value` under `key` if `key` came before (else only its hash)."""
+        seen, fingerprint = self._seen, hash(key)  # a bytes key's hash is cached: no rehash
+        if fingerprint not in seen:
+            if len(seen) >= SEEN_ONCE:
+                seen.clear()
+            seen.add(fingerprint)
+            return
+        self._put(key, value, self._size(key, value))
+
+    def _put(self, key: K, value: V, size: int) -> None:
         if self.new_bytes + size > self.limit:
             self._old, self.new = self.new, {}
             self._old_bytes, self.new_bytes = self.new_bytes, 0

@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import NamedTuple
 
-from hub.http.head_memo import HeadMemo
+from hub.http.head_memo import HeadMemo, Missing, estimate
 from hub.settings import HeadLimits
 
 # What a target and a header name may hold. The whole head must be `str.isprintable`
@@ -77,7 +77,7 @@ class Heads:
 
     def __init__(self, limits: HeadLimits = DEFAULT_LIMITS, memo_bytes: int = MEMO_BYTES) -> None:
         self.limits = limits
-        self._memo: HeadMemo[bytes, Head | None] = HeadMemo(memo_bytes)
+        self._memo: HeadMemo[bytes, Head | None] = HeadMemo(memo_bytes, _held)
 
     def __len__(self) -> int:
         """How many heads are remembered."""
@@ -104,25 +104,20 @@ class Heads:
         return head, data[head_end:]
 
     def _remember(self, key: bytes) -> Head | None:
-        memo = self._memo
-        head = memo.older(key)
-        if isinstance(head, Head) or head is None:
-            memo.keep(key, head, _held(key, head), again=True)
-            return head
-        head = _read_head(key, self.limits)
-        if len(key) <= MEMO_HEAD:
-            memo.keep(key, head, _held(key, head))
+        head = self._memo.recall(key)
+        if isinstance(head, Missing):
+            head = _read_head(key, self.limits)
+            if len(key) <= MEMO_HEAD:
+                self._memo.keep(key, head)
         return head
 
 
 def _held(key: bytes, head: Head | None) -> int:
-    """What remembering `head` under `key` holds, estimated in a few operations (it runs on
-    every miss): the key and its dict slot; a parse holds each field twice more (two
-    strings, two bytes objects) with about 256 bytes of objects around them.
-    tests/test_whole_post.py checks the estimate against tracemalloc."""
+    """What remembering `head` under `key` holds: the key and its dict slot; a parse
+    holds each field twice more (two strings, two bytes objects)."""
     if head is None:
         return len(key) + 128
-    return 3 * len(key) + 256 * len(head.raw) + 512
+    return estimate(len(key), len(head.raw))
 
 
 def _read_head(data: bytes, limits: HeadLimits) -> Head | None:
