@@ -16,13 +16,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bridge.wire import expires_at
 from tests.chaos import faults, invariants, plan, report, resources
 from tests.chaos.env import Env
 from tests.chaos.history import Ack, History
 from tests.chaos.streams import Follower
 from tests.chaos.workload import (
     Writers,
-    expires_at,
     get_task,
     poll,
     retried,
@@ -167,7 +167,8 @@ async def _workload(
     now = time.time()
     to_read = []
     for task_id, acks in history.acks.items():
-        expiry = expires_at(acks[-1].task) if acks else None
+        task = acks[-1].task if acks else {}
+        expiry = expires_at(task["createdAt"], task.get("ttlMs")) if task else None
         if expiry is not None and abs(expiry - now) < EXPIRY_MARGIN_S:
             history.near_expiry.add(task_id)
             continue

@@ -11,7 +11,6 @@ with `bridge.get` after the run).
 from __future__ import annotations
 
 import asyncio
-import datetime
 import functools
 import random
 import time
@@ -151,15 +150,6 @@ class Writers:
         if record is None:
             raise TaskNotFound(task_id)
         return record
-
-
-def expires_at(task: dict[str, Any]) -> float | None:
-    """The wall-clock second `task` (as a client sees it) passes its TTL, or None."""
-    ttl_ms = task.get("ttlMs")
-    if ttl_ms is None:
-        return None
-    created = datetime.datetime.fromisoformat(task["createdAt"].replace("Z", "+00:00"))
-    return created.timestamp() + ttl_ms / 1000
 
 
 async def get_task(env: Env, hub: int, task_id: str, final: bool) -> GetAnswer:
