@@ -1,21 +1,27 @@
 """A request on its way to an upstream (the front door): what goes with it and who runs it.
 
 The endpoint (hub/mcp/endpoint.py) checks a request and makes a `Forwarding` of it; the ASGI
-path calls it, the connection runs it in place (hub/http/connection.py `InPlaceCycle`), and
-either way `Upstream.forward` (hub/front_door/upstream.py) does the work and the outcome is counted.
+path calls it, the connection runs it in place (hub/http/connection.py `InPlaceCycle`): on
+callbacks (hub/front_door/forward_now.py) while it can, else as a task. Either way
+`Upstream` (hub/front_door/upstream.py) does the work and the outcome is counted.
 """
 
 from __future__ import annotations
 
 import asyncio
-from typing import NamedTuple
+from collections.abc import Coroutine
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from starlette.types import Receive, Scope, Send
 
+from hub.front_door import forward_now
 from hub.front_door.upstream import Record, Upstream
 from hub.http.cors import adding_headers
 from hub.metrics import Metrics
 from hub.rpc import jsonrpc
+
+if TYPE_CHECKING:
+    from hub.http.connection import InPlaceCycle
 
 RawHeaders = list[tuple[bytes, bytes]]
 
@@ -49,20 +55,23 @@ class Forwarding(NamedTuple):
         )
         self.metrics.upstream_requests.inc(1, self.upstream.spec.label, outcome)
 
-    async def run_in_place(self, send: Send) -> None:
-        """On the connection itself (hub/http/connection.py), which cancels it when the client
-        leaves."""
-        label = self.upstream.spec.label
+    def start_in_place(self, cycle: InPlaceCycle) -> None:
+        """On the connection itself (hub/http/connection.py): on callbacks while it can
+        (hub/front_door/forward_now.py), else as a task, which the connection cancels when
+        the client leaves."""
+        extra = self.extra_headers or []
+        args = (self.body, self.request_id, self.outgoing.lines, self.outgoing.caller, self.record)
+        if not forward_now.start(self.upstream, cycle, *args, extra, self):
+            cycle.run(self.counted(self.upstream.forward(adding_headers(cycle.send, extra), *args)))
+
+    def tally(self, outcome: str) -> None:
+        self.metrics.upstream_requests.inc(1, self.upstream.spec.label, outcome)
+
+    async def counted(self, answer: Coroutine[Any, Any, str]) -> None:
+        """`answer`'s outcome counted, or `client_gone` when it is cancelled."""
         try:
-            outcome = await self.upstream.forward(
-                adding_headers(send, self.extra_headers or []),
-                self.body,
-                self.request_id,
-                self.outgoing.lines,
-                self.outgoing.caller,
-                self.record,
-            )
+            outcome = await answer
         except asyncio.CancelledError:
-            self.metrics.upstream_requests.inc(1, label, "client_gone")
+            self.tally("client_gone")
             raise
-        self.metrics.upstream_requests.inc(1, label, outcome)
+        self.tally(outcome)

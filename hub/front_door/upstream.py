@@ -118,22 +118,39 @@ class Upstream:
         answers in place): the upstream's connection closes with it."""
         refusal = self.pool.admit(caller)
         if refusal is not None:
-            error = jsonrpc.encode_error(request_id, refusal)
-            await _send_whole(send, refusal.http_status, error, refusal)
+            await _send_whole(send, error_answer(request_id, refusal))
             return "limited"
         try:
-            try:
-                response = await self._send(body, lines)
-            except UpstreamError as exc:
-                await self._fail(send, request_id, exc)
-                return exc.fault
-            try:
-                if response.media_type == EVENT_STREAM:
-                    return await self._stream(response, send, request_id, record)
-                return await self._whole(response, send, request_id, record)
-            finally:
-                response.close()
+            response = await self._send(body, lines)
+        except UpstreamError as exc:
+            self.pool.release(caller)
+            await self._fail(send, request_id, exc)
+            return exc.fault
+        except BaseException:
+            self.pool.release(caller)
+            raise
+        return await self.answer(response, send, request_id, record, caller)
+
+    async def answer(
+        self,
+        response: Response,
+        send: Send,
+        request_id: jsonrpc.RequestId | None,
+        record: Record | None,
+        caller: str,
+        content: bytes | None = None,
+    ) -> str:
+        """`forward` once the answer's head has come: its body to the client (`content`
+        if read whole already, held in the budget), then the response closed and the
+        caller's slot given back."""
+        try:
+            if content is not None:
+                return await self.pass_whole(response, content, send, request_id, record)
+            if response.media_type == EVENT_STREAM:
+                return await self._stream(response, send, request_id, record)
+            return await self._whole(response, send, request_id, record)
         finally:
+            response.close()
             self.pool.release(caller)
 
     async def forward_until_gone(
@@ -206,9 +223,9 @@ class Upstream:
                             if message is not None:
                                 yield message
                 except EventTooLarge:
-                    raise self._failed(502, "invalid", "an event larger than 1 MiB") from None
+                    raise self.failed(502, "invalid", "an event larger than 1 MiB") from None
                 except UpstreamFault as exc:
-                    raise self._fault(exc) from None
+                    raise self.fault(exc) from None
             finally:
                 response.close()
 
@@ -234,8 +251,8 @@ class Upstream:
         try:
             response = await self.pool.client.post(self.origin, head, body, self.pool.timeout)
         except UpstreamFault as exc:
-            raise self._fault(exc) from None
-        self._healthy()
+            raise self.fault(exc) from None
+        self.healthy()
         return response
 
     # -- the answer ----------------------------------------------------------------------
@@ -252,15 +269,24 @@ class Upstream:
         except UpstreamError as exc:
             await self._fail(send, request_id, exc)
             return exc.fault
+        return await self.pass_whole(response, content, send, request_id, record)
+
+    async def pass_whole(
+        self,
+        response: Response,
+        content: bytes,
+        send: Send,
+        request_id: jsonrpc.RequestId | None,
+        record: Record | None,
+    ) -> str:
+        """A whole answer's `content` (held in the budget, given back here) to the client."""
         try:
-            if not _acceptable(response, content):
-                invalid = self._invalid(response)
-                await self._fail(send, request_id, invalid)
-                return invalid.fault
+            headers = self.whole_head(response, content)
+            if isinstance(headers, UpstreamError):
+                await self._fail(send, request_id, headers)
+                return headers.fault
             if record is not None and b'"task"' in content:
                 await record(content)
-            headers = forwarding.response_headers(response.headers)
-            headers.append((b"content-length", b"%d" % len(content)))
             await send(
                 {"type": "http.response.start", "status": response.status, "headers": headers}
             )
@@ -316,33 +342,58 @@ class Upstream:
                         events = None
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
         except UpstreamFault as exc:
-            return self._fault(exc)
+            return self.fault(exc)
         return self._stray() if response.overran else None
+
+    def whole_head(self, response: Response, content: bytes) -> RawHeaders | UpstreamError:
+        """The head the client gets with a whole answer's `content`, or the fault when
+        it is no answer to pass on."""
+        if not _acceptable(response, content):
+            return self._invalid(response)
+        headers = forwarding.response_headers(response.headers)
+        headers.append((b"content-length", b"%d" % len(content)))
+        return headers
+
+    def body_now(self, response: Response) -> bytes | None:
+        """`_read_body` when the whole answer is here already (no content coding to
+        decode): its bytes held in the budget; None when it is still coming."""
+        whole = response.whole()
+        if whole is None:
+            return None
+        chunks: list[bytes] = []
+        size = 0
+        try:
+            for chunk in whole:
+                size = self._hold(chunks, size, chunk)
+            if response.overran:
+                raise self._stray()
+        except BaseException:
+            self.pool.buffer.give(size)
+            raise
+        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
     async def _read_body(self, response: Response) -> bytes:
         """The whole answer, its bytes held in the pool's budget (the caller gives them
         back); an UpstreamError when it is too large, too slow, broken or overruns."""
+        content = self.body_now(response)
+        if content is not None:  # here with its head, as most are: nothing to wait for
+            return content
         timeout = self.pool.timeout
         chunks: list[bytes] = []
         size = 0  # what `chunks` holds, all of it taken from the budget
         try:
-            whole = response.whole()
-            if whole is not None:  # here with its head, as most are: nothing to wait for
-                for chunk in whole:
+            async with asyncio.timeout(timeout):
+                async for chunk in response.chunks():
                     size = self._hold(chunks, size, chunk)
-            else:
-                async with asyncio.timeout(timeout):
-                    async for chunk in response.chunks():
-                        size = self._hold(chunks, size, chunk)
             if response.overran:
                 raise self._stray()
         except BaseException as exc:
             self.pool.buffer.give(size)
             if isinstance(exc, TimeoutError):
                 message = f"answer not complete within {timeout:g}s"
-                raise self._failed(504, "timeout", message) from None
+                raise self.failed(504, "timeout", message) from None
             if isinstance(exc, UpstreamFault):
-                raise self._fault(exc) from None
+                raise self.fault(exc) from None
             raise
         return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
@@ -350,7 +401,7 @@ class Upstream:
         """`chunk` taken from the budget and added to `chunks` (holding `size` bytes): the
         new size, or the fault that refuses it, with nothing more taken."""
         if size + len(chunk) > MAX_JSON_REPLY:
-            raise self._failed(502, "invalid", f"answer larger than {MAX_JSON_REPLY} bytes")
+            raise self.failed(502, "invalid", f"answer larger than {MAX_JSON_REPLY} bytes")
         if not self.pool.buffer.take(len(chunk)):
             raise self._overloaded()
         chunks.append(chunk)
@@ -382,39 +433,39 @@ class Upstream:
                         raise self._overloaded()
                     held = events.held
         except EventTooLarge:
-            raise self._failed(
+            raise self.failed(
                 502, "invalid", f"an event larger than {MAX_JSON_REPLY} bytes"
             ) from None
         except TimeoutError:
-            raise self._failed(504, "timeout", "no answer on the stream in time") from None
+            raise self.failed(504, "timeout", "no answer on the stream in time") from None
         except UpstreamFault as exc:
-            raise self._fault(exc) from None
+            raise self.fault(exc) from None
         finally:
             self.pool.buffer.give(held)
         if response.overran:
             raise self._stray()
-        raise self._failed(502, "invalid", "the stream ended without the answer")
+        raise self.failed(502, "invalid", "the stream ended without the answer")
 
     def _stray(self) -> UpstreamError:
         """An answer, read to its end, that more bytes followed (they would have answered
         the connection's next request: its connection was closed)."""
-        return self._failed(502, "invalid", "answered past the end of its answer")
+        return self.failed(502, "invalid", "answered past the end of its answer")
 
     # -- failures ------------------------------------------------------------------------
 
     def _invalid(self, response: Response) -> UpstreamError:
         if response.status >= 500:
-            return self._failed(502, "status", f"answered HTTP {response.status}")
+            return self.failed(502, "status", f"answered HTTP {response.status}")
         kind = (response.header(b"content-type") or b"no content type").decode("latin-1")
-        return self._failed(
+        return self.failed(
             502,
             "invalid",
             f"answered HTTP {response.status} with {kind} that is no JSON-RPC message",
         )
 
-    def _fault(self, exc: UpstreamFault) -> UpstreamError:
+    def fault(self, exc: UpstreamFault) -> UpstreamError:
         """A fault of the connection or of the answer's bytes, as the fault table names it."""
-        return self._failed(504 if exc.kind == "timeout" else 502, exc.kind, str(exc))
+        return self.failed(504 if exc.kind == "timeout" else 502, exc.kind, str(exc))
 
     def _overloaded(self) -> UpstreamError:
         """The hub holds as many answer bytes as it may: not the upstream's fault, so its
@@ -423,7 +474,7 @@ class Upstream:
         limit = self.pool.buffer.limit
         return UpstreamError(503, "overloaded", f"the hub holds {limit} bytes of answers already")
 
-    def _failed(self, status: int, fault: str, message: str) -> UpstreamError:
+    def failed(self, status: int, fault: str, message: str) -> UpstreamError:
         self.metrics.upstream_faults.inc(1, self.spec.label, fault)
         if self.up is not False:
             log.warning("upstream %s (%s) is failing: %s", self.spec.label, self.spec.url, message)
@@ -431,7 +482,7 @@ class Upstream:
         self.metrics.upstream_up.set(0, self.spec.label)
         return UpstreamError(status, fault, message)
 
-    def _healthy(self) -> None:
+    def healthy(self) -> None:
         if self.up is not True:
             if self.up is False:
                 log.info("upstream %s (%s) answers again", self.spec.label, self.spec.url)
@@ -441,15 +492,26 @@ class Upstream:
     async def _fail(
         self, send: Send, request_id: jsonrpc.RequestId | None, exc: UpstreamError
     ) -> None:
-        err = exc.rpc_error(self.spec.label)
-        await _send_whole(send, exc.status, jsonrpc.encode_error(request_id, err), err)
+        await _send_whole(send, error_answer(request_id, exc.rpc_error(self.spec.label)))
 
 
-async def _send_whole(send: Send, status: int, body: bytes, err: jsonrpc.RpcError) -> None:
+class WholeAnswer(NamedTuple):
+    status: int
+    headers: RawHeaders
+    body: bytes
+
+
+def error_answer(request_id: jsonrpc.RequestId | None, err: jsonrpc.RpcError) -> WholeAnswer:
+    """What the client gets for a request the hub answers with `err` itself."""
+    body = jsonrpc.encode_error(request_id, err)
     headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
-    headers += encode_headers(err.headers)
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": body})
+    return WholeAnswer(err.http_status, headers + encode_headers(err.headers), body)
+
+
+async def _send_whole(send: Send, answer: WholeAnswer) -> None:
+    start = {"type": "http.response.start", "status": answer.status, "headers": answer.headers}
+    await send(start)
+    await send({"type": "http.response.body", "body": answer.body})
 
 
 def _acceptable(response: Response, content: bytes) -> bool:

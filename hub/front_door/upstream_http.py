@@ -31,8 +31,9 @@ import asyncio
 import ssl
 import zlib
 from collections import deque
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
+from typing import Protocol
 from urllib.parse import urlsplit
 
 import httptools
@@ -130,6 +131,10 @@ class Response:
         connection = self._connection
         return connection is not None and connection.overran
 
+    def arriving(self, limit: int) -> bool:
+        """The body is still coming, unbroken, with at most `limit` bytes here unread."""
+        return not self._done and self._error is None and self._held <= limit
+
     def whole(self) -> list[bytes] | None:
         """The whole body at once, if it has all come (and needs no decoding): taken, so
         `chunks()` yields nothing more; None otherwise."""
@@ -196,6 +201,23 @@ class Response:
             self._waiter.set_result(None)
 
 
+class Late(Protocol):
+    """What `Client.due` tells when its deadline passes."""
+
+    def late(self, timeout: float) -> None: ...
+
+
+class Waiter(Protocol):
+    """What waits for an exchange's answer head: a future (`Client.post`), or an object
+    that acts on it with callbacks alone (hub/front_door/forward_now.py)."""
+
+    def done(self) -> bool: ...
+
+    def set_result(self, response: Response, /) -> None: ...
+
+    def set_exception(self, fault: BaseException, /) -> None: ...
+
+
 class _Connection(asyncio.Protocol):
     """One connection to an upstream: at most one exchange at a time."""
 
@@ -205,7 +227,10 @@ class _Connection(asyncio.Protocol):
         self.loop = loop
         self.transport: asyncio.Transport | None = None
         self.parser = httptools.HttpResponseParser(self)
-        self.head: asyncio.Future[Response] | None = None  # the exchange's answer head
+        self.head: Waiter | None = None  # the exchange's answer head
+        # Told after each read and at the connection's loss while set (by a waiter on
+        # callbacks, which has no task to wake): the answer may have moved on.
+        self.notify: Callable[[], None] | None = None
         self.response: Response | None = None
         self.headers: RawHeaders = []
         self.informational = False  # a 1xx head is being read: the answer follows it
@@ -219,15 +244,15 @@ class _Connection(asyncio.Protocol):
 
     # -- the exchange ----------------------------------------------------------------------
 
-    def send(self, head: bytes, body: bytes) -> asyncio.Future[Response]:
+    def send(self, head: bytes, body: bytes, waiter: Waiter) -> None:
+        """Write a request; `waiter` gets its answer's head."""
         assert self.transport is not None
-        self.head = self.loop.create_future()
+        self.head = waiter
         self.response, self.headers, self.unread = None, [], 0
         if len(body) <= SMALL_BODY:
             self.transport.write(head + body)  # one write, one segment
         else:
             self.transport.writelines((head, body))  # no copy of a large body
-        return self.head
 
     def late(self, timeout: float) -> None:
         """The answer's head is due and has not come: the request fails, the connection
@@ -238,7 +263,7 @@ class _Connection(asyncio.Protocol):
 
     def release(self, clean: bool) -> None:
         """The reader is done with the answer; pooled if it ended cleanly."""
-        self.response = None
+        self.response, self.notify = None, None
         if self.paused:
             self.resume()
         if clean and self.keep_alive and not self.overran:
@@ -288,6 +313,8 @@ class _Connection(asyncio.Protocol):
             return
         if self.overran or (not self.keep_alive and self.response is None):
             self.close()
+        if self.notify is not None:
+            self.notify()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.pool._gone(self)
@@ -297,6 +324,8 @@ class _Connection(asyncio.Protocol):
             self.keep_alive = False
         reason = f"connection lost ({exc})" if exc else "connection lost"
         self._broken(UpstreamFault("reset", reason))
+        if self.notify is not None:
+            self.notify()
 
     def _broken(self, fault: UpstreamFault) -> None:
         self.keep_alive = False
@@ -357,10 +386,16 @@ class Client:
         max_connections: int = 1024,
         max_idle: int = 64,
         idle_expiry: float = 1.0,
+        tick: float = 1.0,
     ) -> None:
         self.max_connections = max_connections
         self.max_idle = max_idle
         self.idle_expiry = idle_expiry
+        # Deadlines: what is due when, looked over every `tick` seconds while any is
+        # pending (one timer for all, not one armed and cancelled per request).
+        self.tick = tick
+        self._due: dict[Late, tuple[float, float]] = {}  # what → (when, its timeout)
+        self._ticking: asyncio.TimerHandle | None = None
         self._idle: dict[Origin, list[_Connection]] = {}
         self._idle_count = 0
         self._open: set[_Connection] = set()
@@ -381,22 +416,51 @@ class Client:
         connection = self._take_idle(origin, now)
         if connection is None:
             connection = await self._connect(origin, deadline, timeout)
-        answer = connection.send(head, body)
-        # A plain timer, not `asyncio.timeout` and its bookkeeping: this runs on every request.
-        late = loop.call_at(deadline, connection.late, timeout)
+        answer: asyncio.Future[Response] = loop.create_future()
+        connection.send(head, body, answer)
+        self.due(connection, deadline, timeout)
         try:
             return await answer
         except asyncio.CancelledError:
             connection.close()  # the request goes with it: the upstream learns to stop
             raise
         finally:
-            late.cancel()
+            self._due.pop(connection, None)
+
+    def due(self, what: Late, when: float, timeout: float) -> None:
+        """Call `what.late(timeout)` at loop time `when` (within a tick after it), unless
+        `undue(what)` comes first."""
+        self._due[what] = (when, timeout)
+        if self._ticking is None:
+            assert self._loop is not None
+            self._ticking = self._loop.call_later(self.tick, self._check)
+
+    def undue(self, what: Late) -> None:
+        self._due.pop(what, None)
+
+    def _check(self) -> None:
+        self._ticking = None
+        assert self._loop is not None
+        now = self._loop.time()
+        overdue = [(what, timeout) for what, (when, timeout) in self._due.items() if when <= now]
+        for what, timeout in overdue:
+            del self._due[what]
+            what.late(timeout)
+        if self._due:
+            self._ticking = self._loop.call_later(self.tick, self._check)
+
+    def idle(self, origin: Origin) -> _Connection | None:
+        """A pooled connection to `origin` to send on now, or None (then `post`)."""
+        loop = self._loop
+        return None if loop is None else self._take_idle(origin, loop.time())
 
     async def close(self) -> None:
         for connection in list(self._open):
             connection.close()
         if self._sweep is not None:
             self._sweep.cancel()
+        if self._ticking is not None:
+            self._ticking.cancel()
 
     # -- the pool --------------------------------------------------------------------------
 

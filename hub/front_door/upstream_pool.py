@@ -45,6 +45,7 @@ class Pool:
             max_connections=POOL_CONNECTIONS,
             max_idle=POOL_KEEPALIVE,
             idle_expiry=POOL_KEEPALIVE_EXPIRY,
+            tick=min(1.0, timeout / 4),  # how late past `timeout` a request may be failed
         )
 
     def admit(self, caller: str) -> jsonrpc.RpcError | None:

@@ -29,7 +29,8 @@ looked up on whatever uvicorn wrapped the app in). A read that holds exactly one
 `POST` request (hub/http/whole_post.py) and arrives while the connection is at rest goes to
 it first: when the answer needs no I/O (a cached `tasks/get`, `server/discover`, every
 refusal) the connection writes it at once, without uvicorn's parser, scope, request
-cycle or an ASGI task; otherwise the read goes to uvicorn as if nothing had looked.
+cycle or an ASGI task; a forward runs on the connection (`InPlaceCycle`), on callbacks or
+as one task; otherwise the read goes to uvicorn as if nothing had looked.
 
 Everything uvicorn-private lives in hub/http/uvicorn_internals.py; this module only uses it.
 """
@@ -37,11 +38,11 @@ Everything uvicorn-private lives in hub/http/uvicorn_internals.py; this module o
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from typing import Any, Protocol, cast
 
 import msgspec
-from starlette.types import Message, Scope, Send
+from starlette.types import Message, Scope
 
 from hub.http import uvicorn_internals as uv
 from hub.http import whole_post
@@ -84,11 +85,11 @@ class Detachable(Protocol):
 
 
 class InPlace(Protocol):
-    """An answer that needs I/O (a forward, hub/mcp/endpoint.py), run by the connection as one
-    task with a `send` that writes to the socket: no uvicorn cycle, scope or ASGI task.
-    The connection cancels it when the client leaves."""
+    """An answer that needs I/O (a forward, hub/front_door/forward_call.py), run by the
+    connection: on callbacks (`InPlaceCycle.write_whole`) or as one task (`run`), with no
+    uvicorn cycle, scope or ASGI task. The connection tells it when the client leaves."""
 
-    async def run_in_place(self, send: Send) -> None: ...
+    def start_in_place(self, cycle: InPlaceCycle) -> None: ...
 
 
 class WholeResponse(msgspec.Struct, frozen=True, gc=False):
@@ -108,25 +109,52 @@ AnswerNow = Callable[
 
 
 class InPlaceCycle:
-    """One request answered by an `InPlace` on the connection: its `send` takes ASGI's
+    """One request answered by an `InPlace` on the connection. On callbacks, the answer
+    calls `write_whole` once, or `run` to go on as a task; `gone`, while set, is called
+    if the client leaves first (a task is cancelled instead). A task's `send` takes ASGI's
     response messages and writes them as uvicorn's would, a whole answer's head with its
     body in one write, a streaming one chunked; it waits for the drain when the socket's
     buffer is full. The head of a streaming answer goes out with its first chunk if that
     comes in the same turn of the loop, else alone right after."""
 
-    __slots__ = ("_chunked", "_done", "_head", "_protocol", "task")
+    __slots__ = ("_chunked", "_done", "_head", "_protocol", "gone", "task")
 
     def __init__(self, protocol: uv.Protocol, answer: InPlace) -> None:
         self._protocol = protocol
         self._head: bytes | None = None  # the head, until the first body bytes go with it
         self._chunked = False
         self._done = False  # the whole response is written
+        self.task: asyncio.Task[None] | None = None
+        self.gone: Callable[[], None] | None = None
         protocol.begin_in_place()
-        self.task = protocol.loop.create_task(self._run(answer))
+        answer.start_in_place(self)
 
-    async def _run(self, answer: InPlace) -> None:
+    def write_whole(self, status: int, headers: RawHeaders, body: bytes) -> None:
+        """The whole answer (`headers` holding its length) in one write: answered."""
+        protocol = self._protocol
+        self.gone = None
+        if not protocol.transport.is_closing():
+            protocol.transport.write(protocol.response_head(status, headers, b"") + body)
+        self._done = True
+        protocol.end_in_place(True)
+
+    def run(self, answer: Coroutine[Any, Any, None]) -> None:
+        """The rest of the answer as a task, writing through `send`."""
+        self.gone = None
+        self.task = self._protocol.loop.create_task(self._run(answer))
+
+    def cancel(self) -> None:
+        """The client left: the answer ends (done already, or cut short)."""
+        if self.task is not None:
+            self.task.cancel()
+        elif self.gone is not None:
+            gone, self.gone = self.gone, None
+            gone()
+            self._protocol.end_in_place(False)
+
+    async def _run(self, answer: Coroutine[Any, Any, None]) -> None:
         try:
-            await answer.run_in_place(self.send)
+            await answer
         except asyncio.CancelledError:
             pass  # the client left (counted by the answer)
         except Exception:
@@ -307,7 +335,7 @@ def hub_protocol(
             self.waiting_since = None  # the head is in: as `head_complete`
             if isinstance(reply, WholeResponse):
                 self.respond_at_rest(reply.status, reply.headers, reply.body)
-            elif hasattr(reply, "run_in_place"):  # not `isinstance`: a Protocol's is slow
+            elif hasattr(reply, "start_in_place"):  # not `isinstance`: a Protocol's is slow
                 self._in_place = InPlaceCycle(self, cast(InPlace, reply))
             else:
                 self.detach(reply)
@@ -341,7 +369,7 @@ def hub_protocol(
             self.waiting_since = None
             self._connection.lost()
             if self._in_place is not None:
-                self._in_place.task.cancel()  # done already, or the client left: it ends
+                self._in_place.cancel()  # done already, or the client left: it ends
                 self._in_place = None
 
     async def _sweep(connections: set[Any]) -> None:
