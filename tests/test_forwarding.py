@@ -96,7 +96,7 @@ def test_the_hubs_cookie_stays_home_and_others_pass() -> None:
     assert out == [(b"cookie", b"a=1; b=2"), (b"x-forwarded-proto", b"http")]
 
 
-def test_the_answer_loses_hop_by_hop_cors_framing_and_the_hubs_cookie() -> None:
+def test_the_answer_loses_hop_by_hop_cors_framing_date_server_and_the_hubs_cookie() -> None:
     out = response_headers(  # names in lower case, as hub/front_door/upstream_http.py reads them
         [
             (b"content-type", b"application/json"),
@@ -109,6 +109,8 @@ def test_the_answer_loses_hop_by_hop_cors_framing_and_the_hubs_cookie() -> None:
             (b"set-cookie", b" taskhub_token = also; Path=/"),
             (b"set-cookie", b"session=fine"),
             (b"mcp-session-id", b"s1"),
+            (b"date", b"Thu, 01 Jan 1970 00:00:00 GMT"),  # the hub sends its own
+            (b"server", b"upstream/1"),
         ]
     )
     assert out == [

@@ -45,8 +45,9 @@ _CLIENT_STATEMENTS = frozenset(
     {b"x-forwarded-for", b"x-forwarded-host", b"x-forwarded-proto", b"forwarded", b"x-real-ip"}
 )
 _SPECIAL = _CLIENT_STATEMENTS | {b"cookie", b"accept-encoding"}  # looked at more closely
-# The hub decodes what it receives (hub/front_door/upstream_http.py) and frames the answer anew.
-_NOT_RETURNED = HOP_BY_HOP | {b"content-length", b"content-encoding"}
+# The hub decodes what it receives (hub/front_door/upstream_http.py) and frames the answer anew,
+# with its own `Date` and `Server` (as nginx does): a client never gets two of either.
+_NOT_RETURNED = HOP_BY_HOP | {b"content-length", b"content-encoding", b"date", b"server"}
 _COOKIE = COOKIE_NAME.encode()
 
 

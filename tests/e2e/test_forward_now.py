@@ -360,3 +360,18 @@ async def test_a_caller_past_its_share_is_refused_on_callbacks_too(
         status, _, _ = await client.answer()
         assert status == 200
         assert outcomes(front, "limited") == 1
+
+
+async def test_the_client_gets_the_hubs_date_and_server_only(
+    nats_url: str, bucket: str, tmp_path: Path
+) -> None:
+    """Forwarded as they came, the upstream's would join the hub's: two of each."""
+
+    async def answer(request: Received) -> bytes:
+        return json_reply(result(request), "date: Thu, 01 Jan 1970 00:00:00 GMT", "server: up/1")
+
+    async with warm(nats_url, bucket, tmp_path, answer) as (_, client, _upstream):
+        client.writer.write(request_bytes(1))
+        head = (await asyncio.wait_for(client.reader.readuntil(b"\r\n\r\n"), 10)).lower()
+        assert head.count(b"\r\ndate: ") == 1 and b"1970" not in head
+        assert head.count(b"\r\nserver: ") == 1 and b"up/1" not in head
