@@ -8,12 +8,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from hub.front_door.forwarding import (
+    AnswerHeads,
     OutgoingHeads,
     TrustedProxies,
     caller_address,
     request_headers,
     response_headers,
 )
+from hub.rpc.routing_headers import head_lines
 from hub.settings import parse_trusted_proxies
 from tests.helpers import memory_held_by
 
@@ -241,3 +243,40 @@ def test_heads_that_never_come_again_are_not_remembered() -> None:
     for i in range(1000):
         heads.of([(b"traceparent", b"00-%032d-01" % i)], "203.0.113.7", "https")
     assert len(heads) == 0 and heads.held() == 0
+
+
+@pytest.mark.parametrize(
+    ("fields", "stream", "coded"),
+    [
+        ([(b"content-type", b"application/json")], False, False),
+        ([(b"content-type", b"Text/Event-Stream ; charset=utf-8")], True, False),
+        ([(b"content-type", b"application/json"), (b"content-encoding", b"gzip")], False, True),
+        ([], False, False),
+    ],
+)
+def test_an_answer_head_comes_to_its_lines_and_kind(
+    fields: list[tuple[bytes, bytes]], stream: bool, coded: bool
+) -> None:
+    headers = [(b"date", b"Mon"), *fields, (b"content-length", b"9"), (b"x-up", b"1")]
+    heads = AnswerHeads()
+    for _ in range(3):  # made, made again (remembered), recalled: the same each time
+        head = heads.of(list(headers))
+        assert head.lines == head_lines(response_headers(headers))
+        assert (head.stream, head.coded) == (stream, coded)
+    assert b"content-length" not in head.lines and b"date" not in head.lines
+
+
+def test_what_the_remembered_answer_heads_hold_stays_within_the_bound() -> None:
+    """An upstream whose every answer has another length: each head is new."""
+    budget = 64 * 1024
+    heads = AnswerHeads(memo_bytes=budget)
+
+    def calls() -> None:
+        for i in range(4000):
+            head = [(b"content-type", b"application/json"), (b"content-length", b"%d" % i)]
+            heads.of(head)
+            heads.of(list(head))
+
+    held = memory_held_by(calls)
+    seen_once = 80 * 4000
+    assert held <= 2 * budget * 1.25 + seen_once, f"{held / 1024:.0f} KiB held, bound {budget}"

@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from starlette.types import Send
 
+from hub.front_door.forwarding import AnswerHead
 from hub.front_door.upstream import (
-    EVENT_STREAM,
     SEND_SLICE,
     Record,
     Upstream,
@@ -28,6 +28,7 @@ from hub.front_door.upstream import (
 from hub.front_door.upstream_http import Response, UpstreamFault
 from hub.http.cors import adding_headers
 from hub.rpc import jsonrpc
+from hub.rpc.routing_headers import head_lines
 
 if TYPE_CHECKING:
     from hub.front_door.upstream_http import _Connection
@@ -44,8 +45,8 @@ class Out(Protocol):
     def send(self) -> Send:
         """ASGI's `send`, for the task that `run` starts."""
 
-    def write_whole(self, status: int, headers: RawHeaders, body: bytes) -> None:
-        """The whole answer in one write; the request is answered."""
+    def write_whole(self, status: int, lines: bytes, body: bytes) -> None:
+        """The whole answer in one write, its header `lines` encoded; answered."""
 
     def run(self, answer: Coroutine[Any, Any, None]) -> None:
         """The rest of the answer as a task."""
@@ -99,11 +100,11 @@ class _Exchange:
         "counted",
         "ended",
         "extra",
+        "head",
         "out",
         "record",
         "request_id",
         "response",
-        "stream",
         "upstream",
         "waiting",
     )
@@ -128,7 +129,7 @@ class _Exchange:
         self.extra = extra
         self.counted = counted
         self.response: Response | None = None
-        self.stream = False  # the answer is an SSE stream
+        self.head: AnswerHead | None = None  # what the answer's head comes to
         self.ended = False  # answered, handed to a task, or the client left
         self.waiting = False  # for the rest of the body, after the head
 
@@ -140,7 +141,7 @@ class _Exchange:
     def set_result(self, response: Response) -> None:
         """The head has come (its body may follow in the same read: see `update`)."""
         self.response = response
-        self.stream = response.media_type == EVENT_STREAM
+        self.head = self.upstream.answer_heads.of(response.headers)
         self.upstream.healthy()
 
     def set_exception(self, fault: BaseException) -> None:
@@ -155,7 +156,9 @@ class _Exchange:
         response = self.response
         if response is None or self.ended:
             return
-        if not self.stream and response.arriving(SEND_SLICE):
+        head = self.head
+        assert head is not None  # it came with the response
+        if not head.stream and response.arriving(SEND_SLICE):
             if not self.waiting:  # the rest within the deadline anew, as `Upstream` reads it
                 self.waiting = True
                 pool = self.upstream.pool
@@ -164,7 +167,7 @@ class _Exchange:
         self._end()
         upstream = self.upstream
         content = None
-        if not self.stream:
+        if not head.stream and not head.coded:
             try:
                 content = upstream.body_now(response)
             except UpstreamError as exc:
@@ -174,15 +177,18 @@ class _Exchange:
         if content is None or len(content) > SEND_SLICE or self._to_record(content):
             self._hand_over(response, content)
             return
-        headers = upstream.whole_head(response, content)
+        refusal = upstream.refusal(response, content)
         upstream.pool.buffer.give(len(content))
         response.close()  # pooled before the client's next request may want it
-        if isinstance(headers, UpstreamError):
-            self._fail(headers)
+        if refusal is not None:
+            self._fail(refusal)
             return
         upstream.pool.release(self.caller)
         self.counted.tally("ok")
-        _write(self.out, WholeAnswer(response.status, headers, content), self.extra)
+        lines = head.lines + b"content-length: %d\r\n" % len(content)
+        if self.extra:
+            lines += head_lines(self.extra)
+        self.out.write_whole(response.status, lines, content)
 
     def gone(self) -> None:
         """The client left before its answer: the request goes with it."""
@@ -228,6 +234,5 @@ class _Exchange:
         _write(self.out, error_answer(self.request_id, rpc_error), self.extra)
 
 
-def _write(out: Out, answer: WholeAnswer, extra: RawHeaders | None = None) -> None:
-    headers = answer.headers + extra if extra else answer.headers
-    out.write_whole(answer.status, headers, answer.body)
+def _write(out: Out, answer: WholeAnswer, extra: RawHeaders) -> None:
+    out.write_whole(answer.status, head_lines(answer.headers + extra), answer.body)

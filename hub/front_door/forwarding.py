@@ -166,6 +166,48 @@ def _held(_: object, sent: SentHead) -> int:
     return estimate(len(sent.lines), len(sent.headers))
 
 
+class AnswerHead(NamedTuple):
+    """What an upstream's answer head comes to: the fields the client gets, as encoded
+    lines (`response_headers`; the length is the hub's to add), and what the answer is."""
+
+    lines: bytes
+    stream: bool  # an SSE stream
+    coded: bool  # in a content coding, to decode
+
+
+class AnswerHeads:
+    """`AnswerHead`s remembered by the upstream's head in a `HeadMemo` of `memo_bytes` a
+    generation: an upstream answers with the same head but for its length and date, so
+    one is made at most a few times a second."""
+
+    def __init__(self, memo_bytes: int = 256 << 10) -> None:
+        self._memo: HeadMemo[tuple[tuple[bytes, bytes], ...], AnswerHead] = HeadMemo(
+            memo_bytes, _answer_held
+        )
+
+    def of(self, headers: RawHeaders) -> AnswerHead:
+        key = tuple(headers)
+        memo = self._memo
+        found = memo.new.get(key) or memo.recall(key)
+        if isinstance(found, AnswerHead):
+            return found
+        made = answer_head(headers)
+        memo.keep(key, made)
+        return made
+
+
+def answer_head(headers: RawHeaders) -> AnswerHead:
+    """As `Response.media_type` and `Response.whole` read them: the first of each field."""
+    kind = next((value for name, value in headers if name == b"content-type"), b"")
+    coding = next((value for name, value in headers if name == b"content-encoding"), b"")
+    stream = kind.split(b";", 1)[0].strip().lower() == b"text/event-stream"
+    return AnswerHead(head_lines(response_headers(headers)), stream, bool(coding))
+
+
+def _answer_held(key: tuple[tuple[bytes, bytes], ...], head: AnswerHead) -> int:
+    return estimate(len(head.lines) + sum(len(n) + len(v) for n, v in key), len(key))
+
+
 def response_headers(headers: Iterable[tuple[bytes, bytes]]) -> RawHeaders:
     """The answer's fields the client gets (names in lower case, as hub/front_door/upstream_http.py
     reads them): end-to-end ones only, less the upstream's CORS (the hub answers CORS for

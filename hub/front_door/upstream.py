@@ -97,6 +97,7 @@ class Upstream:
         self.pool = pool
         self.metrics = metrics
         self.up: bool | None = None  # unknown until the first answer
+        self.answer_heads = forwarding.AnswerHeads()  # what its answers' heads come to
         metrics.upstream_up.set(-1, spec.label)
 
     async def forward(
@@ -344,6 +345,10 @@ class Upstream:
         except UpstreamFault as exc:
             return self.fault(exc)
         return self._stray() if response.overran else None
+
+    def refusal(self, response: Response, content: bytes) -> UpstreamError | None:
+        """The fault when a whole answer's `content` is no answer to pass on."""
+        return None if _acceptable(response, content) else self._invalid(response)
 
     def whole_head(self, response: Response, content: bytes) -> RawHeaders | UpstreamError:
         """The head the client gets with a whole answer's `content`, or the fault when

@@ -129,12 +129,13 @@ class InPlaceCycle:
         protocol.begin_in_place()
         answer.start_in_place(self)
 
-    def write_whole(self, status: int, headers: RawHeaders, body: bytes) -> None:
-        """The whole answer (`headers` holding its length) in one write: answered."""
+    def write_whole(self, status: int, lines: bytes, body: bytes) -> None:
+        """The whole answer in one write, its header `lines` (encoded, its length among
+        them) after the server's own: answered."""
         protocol = self._protocol
         self.gone = None
         if not protocol.transport.is_closing():
-            protocol.transport.write(protocol.response_head(status, headers, b"") + body)
+            protocol.transport.write(protocol.response_head_of(status, lines) + body)
         self._done = True
         protocol.end_in_place(True)
 

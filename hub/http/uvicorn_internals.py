@@ -439,11 +439,14 @@ class Protocol(HttpToolsProtocol):
         """A response's head as `respond_at_rest` frames it; `framing` is its
         `transfer-encoding` line, or empty when `headers` hold its `content-length`.
         `headers` never say `connection: close` (a forward's are end-to-end only)."""
+        return self.response_head_of(status, head_lines(headers) + framing)
+
+    def response_head_of(self, status: int, lines: bytes) -> bytes:
+        """`response_head` for header `lines` encoded already, each ending in CRLF."""
         defaults = self._defaults = HeaderBlock.of(
             self.server_state.default_headers, self._defaults
         )
-        lines = head_lines(headers)
-        return b"".join((STATUS_LINE[status], defaults.lines, lines, framing, b"\r\n"))
+        return b"".join((STATUS_LINE[status], defaults.lines, lines, b"\r\n"))
 
     def write_paused(self) -> bool:
         return bool(self.flow.write_paused)
