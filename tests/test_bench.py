@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -384,17 +385,23 @@ def test_percentiles_are_nearest_rank() -> None:
     assert summary["p99_ms"] == 1.0 and summary["samples"] == 10
 
 
-@pytest.mark.timeout(90)
-def test_latency_against_rate_prints_a_row_per_rate() -> None:
-    args = ["--streams", "20", "--tasks", "2", "--rates", "200", "400", "--seconds", "1"]
+def _run_module(module: str, args: list[str]) -> subprocess.CompletedProcess[str]:
+    """`python -m module args` from the repository root, within 80 s, exited 0."""
     done = subprocess.run(
-        [sys.executable, "-m", "bench.latency", *args],
+        [sys.executable, "-m", module, *args],
         cwd=REPO_ROOT,
         capture_output=True,
         text=True,
         timeout=80,
     )
     assert done.returncode == 0, done.stderr[-4000:]
+    return done
+
+
+@pytest.mark.timeout(90)
+def test_latency_against_rate_prints_a_row_per_rate() -> None:
+    args = ["--streams", "20", "--tasks", "2", "--rates", "200", "400", "--seconds", "1"]
+    done = _run_module("bench.latency", args)
     rows = [
         line
         for line in done.stdout.splitlines()
@@ -402,6 +409,16 @@ def test_latency_against_rate_prints_a_row_per_rate() -> None:
     ]
     assert [row.split(" | ")[0] for row in rows] == ["| 200", "| 400"]
     assert all(row.count(" ms") == 2 for row in rows)  # hub and raw, each p50 / p99
+
+
+@pytest.mark.timeout(90)
+def test_the_store_floor_prints_a_row_per_watcher_and_rate() -> None:
+    args = ["--rates", "20", "--seconds", "1"]
+    done = _run_module("bench.store_floor", args)
+    rows = [line for line in done.stdout.splitlines() if line.startswith(("| nobody", "| one"))]
+    assert [row.split(" | ")[0] for row in rows] == ["| nobody", "| one hub"]
+    shape = re.compile(r"\| 20 \([1-9]\d*\) \| \d+ µs \| [\d.]+ µs \|$")  # some writes done
+    assert all(shape.search(row) for row in rows), rows
 
 
 def _peer_figures() -> dict[str, float]:
