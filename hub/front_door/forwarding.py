@@ -18,7 +18,7 @@ from collections.abc import Iterable
 from typing import NamedTuple
 
 from hub.admission.auth import COOKIE_NAME
-from hub.front_door.upstream_http import DECODABLE
+from hub.front_door.content_coding import DECODABLE
 from hub.http.head_memo import HeadMemo, estimate
 from hub.rpc.routing_headers import head_lines
 from hub.settings import Network

@@ -353,8 +353,9 @@ class Upstream:
     def whole_head(self, response: Response, content: bytes) -> RawHeaders | UpstreamError:
         """The head the client gets with a whole answer's `content`, or the fault when
         it is no answer to pass on."""
-        if not _acceptable(response, content):
-            return self._invalid(response)
+        refusal = self.refusal(response, content)
+        if refusal is not None:
+            return refusal
         headers = forwarding.response_headers(response.headers)
         headers.append((b"content-length", b"%d" % len(content)))
         return headers

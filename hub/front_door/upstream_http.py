@@ -19,8 +19,9 @@ front door needs of a proxy's client and nothing more:
   is how the upstream learns to stop;
 - reading pauses while more than `HIGH_WATER` bytes wait for the reader (an SSE answer
   relayed to a slow client), so the socket's buffer holds the rest;
-- `gzip` and `deflate` content codings are decoded as they are read, in pieces of at most
-  `DECODED_PIECE` bytes; any other is an `invalid` fault (the hub asks only for these);
+- `gzip` and `deflate` content codings are decoded as they are read, a piece at a time
+  (hub/front_door/content_coding.py); any other is an `invalid` fault (the hub asks only
+  for these);
 - faults are `UpstreamFault`s named as the front door's fault table names them:
   `refused`, `timeout`, `reset`, `invalid` (docs/front-door.md#upstream-errors).
 """
@@ -29,21 +30,20 @@ from __future__ import annotations
 
 import asyncio
 import ssl
-import zlib
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Protocol
 from urllib.parse import urlsplit
 
 import httptools
 
+from hub.front_door import content_coding
+
 RawHeaders = list[tuple[bytes, bytes]]
 HIGH_WATER = 256 << 10  # bytes of an answer waiting for its reader before reading pauses
-DECODED_PIECE = 64 << 10  # at most this many decoded bytes per piece of a coded answer
 MAX_HEAD_BYTES = 64 << 10  # an answer's head (or trailer, or chunk framing) at most
 SMALL_BODY = 64 << 10  # a body up to this size is joined to its head for one write
-DECODABLE = frozenset({b"gzip", b"x-gzip", b"deflate", b"identity"})
 
 
 class UpstreamFault(Exception):
@@ -148,7 +148,10 @@ class Response:
     async def chunks(self) -> AsyncIterator[bytes]:
         """The body's bytes as they arrive, content coding decoded; UpstreamFault when
         the answer breaks."""
-        decoder = _decoder(self.header(b"content-encoding"))
+        try:
+            decoder = content_coding.decoder(self.header(b"content-encoding"))
+        except content_coding.CodingError as exc:
+            raise UpstreamFault("invalid", str(exc)) from None
         while True:
             while self._pieces:
                 data = self._pieces.popleft()
@@ -158,8 +161,11 @@ class Response:
                 if decoder is None:
                     yield data
                     continue
-                for piece in _decode(decoder, data):
-                    yield piece
+                try:
+                    for piece in content_coding.decode(decoder, data):
+                        yield piece
+                except content_coding.CodingError as exc:
+                    raise UpstreamFault("invalid", str(exc)) from None
             if self._error is not None:
                 raise self._error
             if self._done:
@@ -580,53 +586,3 @@ class Client:
         if self._tls is None:
             self._tls = ssl.create_default_context()
         return self._tls
-
-
-def _decoder(coding: bytes | None) -> zlib._Decompress | None:
-    if coding is None:
-        return None
-    coding = coding.strip().lower()
-    if coding in (b"", b"identity"):
-        return None
-    if coding in (b"gzip", b"x-gzip"):
-        return zlib.decompressobj(zlib.MAX_WBITS | 16)
-    if coding == b"deflate":
-        return _Deflate()  # type: ignore[return-value]
-    raise UpstreamFault("invalid", f"an answer in content coding {coding.decode('latin-1')!r}")
-
-
-class _Deflate:
-    """`deflate` as sent: zlib-wrapped per RFC 9110, or raw as some servers send it."""
-
-    def __init__(self) -> None:
-        self._inner = zlib.decompressobj()
-        self._first = True
-
-    @property
-    def eof(self) -> bool:
-        return self._inner.eof
-
-    @property
-    def unconsumed_tail(self) -> bytes:
-        return self._inner.unconsumed_tail
-
-    def decompress(self, data: bytes, max_length: int = 0) -> bytes:
-        if self._first:
-            self._first = False
-            try:
-                return self._inner.decompress(data, max_length)
-            except zlib.error:
-                self._inner = zlib.decompressobj(-zlib.MAX_WBITS)
-        return self._inner.decompress(data, max_length)
-
-
-def _decode(decoder: zlib._Decompress, data: bytes) -> Iterator[bytes]:
-    """`data` decoded, a piece at a time: a small coded chunk may hold a great deal."""
-    while data:
-        try:
-            piece = decoder.decompress(data, DECODED_PIECE)
-        except zlib.error as exc:
-            raise UpstreamFault("invalid", f"undecodable answer ({exc})") from None
-        if piece:
-            yield piece
-        data = decoder.unconsumed_tail
