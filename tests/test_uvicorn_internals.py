@@ -20,8 +20,13 @@ import pytest
 import uvicorn
 from starlette.types import Receive, Scope, Send
 from uvicorn.protocols.http.flow_control import FlowControl
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
+from uvicorn.protocols.http.httptools_impl import (
+    STATUS_LINE,
+    HttpToolsProtocol,
+    RequestResponseCycle,
+)
 
+from hub.http import framing
 from hub.http import uvicorn_internals as uv
 from tests.helpers import Served, fingerprint, serve_app
 
@@ -239,3 +244,8 @@ async def test_the_attributes_the_adapter_uses_exist_on_live_objects(served: Ser
         assert hasattr(protocol, name), f"HttpToolsProtocol.{name}"
     assert hasattr(cycle.flow, "write_paused")
     assert uv.finished(cycle) and uv.body_complete(cycle)
+
+
+def test_the_status_lines_are_uvicorns() -> None:
+    """hub/http/framing.py writes status lines of its own; byte for byte uvicorn's."""
+    assert framing.STATUS_LINE == STATUS_LINE

@@ -46,6 +46,7 @@ from starlette.types import Message, Scope
 
 from hub.http import uvicorn_internals as uv
 from hub.http import whole_post
+from hub.http.framing import LAST_CHUNK, chunk
 from hub.http.uvicorn_internals import Cycle, RawHeaders
 from hub.settings import HeadLimits
 
@@ -182,9 +183,9 @@ class InPlaceCycle:
         body = message.get("body", b"")
         more = message.get("more_body", False)
         if self._chunked:
-            data = uv.chunk(body) if body else b""
+            data = chunk(body) if body else b""
             if not more:
-                data += uv.LAST_CHUNK
+                data += LAST_CHUNK
         else:
             data = body
         if self._head is not None:

@@ -24,13 +24,16 @@ import httptools
 from starlette.types import Scope
 from uvicorn.logging import TRACE_LOG_LEVEL
 from uvicorn.protocols.http.flow_control import FlowControl
-from uvicorn.protocols.http.httptools_impl import (
-    STATUS_LINE,
-    HttpToolsProtocol,
-    RequestResponseCycle,
-)
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
 from hub.http import head_limits
+from hub.http.framing import (
+    REFUSAL_HEADERS,
+    STATUS_LINE,
+    HeaderBlock,
+    chunk,
+    whole_response,
+)
 from hub.http.head_limits import HeadRefused
 from hub.rpc.routing_headers import head_lines
 from hub.settings import HeadLimits
@@ -113,7 +116,7 @@ def respond(cycle: Cycle, status: int, headers: RawHeaders, body: bytes) -> None
     cycle.response_started = True
     cycle.waiting_for_100_continue = False
     head_only = cycle.scope["method"] == "HEAD"
-    data, cycle.keep_alive = _response(
+    data, cycle.keep_alive = whole_response(
         HeaderBlock(cycle.default_headers),
         status,
         HeaderBlock(headers),
@@ -129,22 +132,6 @@ def respond(cycle: Cycle, status: int, headers: RawHeaders, body: bytes) -> None
     cycle.on_response()
 
 
-class HeaderBlock:
-    """Header lines encoded once, and whether they say `connection: close`."""
-
-    __slots__ = ("closing", "headers", "lines")
-
-    def __init__(self, headers: RawHeaders) -> None:
-        self.headers = headers
-        self.closing = any(_says_close(name, value) for name, value in headers)
-        self.lines = head_lines(headers)
-
-    @classmethod
-    def of(cls, headers: RawHeaders, last: HeaderBlock) -> HeaderBlock:
-        """`last` again if it encodes this very list (never changed once given), else new."""
-        return last if last.headers is headers else cls(headers)
-
-
 def _remote(name: object) -> tuple[str, int] | None:
     """A peer's socket name as uvicorn's `get_remote_addr` gives it from the socket: host
     and port of an IP socket (IPv6's four parts cut to two), nothing for a Unix one."""
@@ -157,65 +144,6 @@ def _local(name: object) -> tuple[str, int | None] | None:
     """The server's own name as `get_local_addr` gives it: as `_remote`, or a Unix
     socket's path with no port."""
     return (name, None) if isinstance(name, str) else _remote(name)
-
-
-def _says_close(name: bytes, value: bytes) -> bool:
-    return name == b"connection" and b"close" in (t.strip() for t in value.lower().split(b","))
-
-
-def _response(
-    defaults: HeaderBlock,
-    status: int,
-    headers: HeaderBlock,
-    body: bytes,
-    keep_alive: bool,
-    head_only: bool = False,
-) -> tuple[bytes, bool]:
-    """A response's bytes as uvicorn's `send` frames them, and whether the connection
-    stays open after it: not if the client asked to close or the headers say close."""
-    parts = [STATUS_LINE[status], defaults.lines, headers.lines]
-    closing = defaults.closing or headers.closing
-    if status not in (204, 304):  # RFC 9110 §8.6: no Content-Length on these
-        parts.append(b"content-length: %d\r\n" % len(body))
-    if keep_alive and closing:
-        keep_alive = False
-    elif not keep_alive and not closing:  # the client asked to close (or spoke HTTP/1.0)
-        parts.append(b"connection: close\r\n")
-    parts += (b"\r\n", b"" if head_only else body)
-    return b"".join(parts), keep_alive
-
-
-# The head of a refused request's answer; it says close, so the connection ends with it.
-_REFUSAL_HEADERS = HeaderBlock(
-    [(b"content-type", b"text/plain; charset=utf-8"), (b"connection", b"close")]
-)
-
-
-def streaming_head(default_headers: RawHeaders, status: int, headers: RawHeaders) -> bytes:
-    """The head of a chunked streaming response as uvicorn's `send` writes it for
-    `http.response.start` with neither Content-Length nor Transfer-Encoding. The last one
-    is remembered: uvicorn renews its default headers once a second, and a storm of
-    listen streams asks for the same head thousands of times in between."""
-    global _last_streaming_head
-    key = (status, tuple(headers))
-    last = _last_streaming_head
-    if last is not None and last[0] is default_headers and last[1] == key:
-        return last[2]
-    defaults, own = HeaderBlock(default_headers).lines, HeaderBlock(headers).lines
-    head = b"".join((STATUS_LINE[status], defaults, own, b"transfer-encoding: chunked\r\n\r\n"))
-    _last_streaming_head = (default_headers, key, head)  # the list held: its id stays its own
-    return head
-
-
-_last_streaming_head: tuple[RawHeaders, tuple[object, ...], bytes] | None = None
-
-
-def chunk(data: bytes) -> bytes:
-    """One HTTP/1.1 chunk of a streaming body, framed as uvicorn's `send` frames one."""
-    return b"".join((b"%x\r\n" % len(data), data, b"\r\n"))  # cheaper than one `%` over it all
-
-
-LAST_CHUNK = b"0\r\n\r\n"
 
 
 def chunk_writable(cycle: Cycle) -> bool:
@@ -417,7 +345,7 @@ class Protocol(HttpToolsProtocol):
             self.server_state.default_headers, self._defaults
         )
         block = self._headers = HeaderBlock.of(headers, self._headers)
-        data, keep_alive = _response(defaults, status, block, body, keep_alive=True)
+        data, keep_alive = whole_response(defaults, status, block, body, keep_alive=True)
         self.transport.write(data)
         self.server_state.total_requests += 1
         if keep_alive:
@@ -571,10 +499,10 @@ class Protocol(HttpToolsProtocol):
             cycle.keep_alive = False
             self.flow.pause_reading()
             return
-        data, _ = _response(
+        data, _ = whole_response(
             HeaderBlock(self.server_state.default_headers),
             refusal.status,
-            _REFUSAL_HEADERS,
+            REFUSAL_HEADERS,
             refusal.message.encode("ascii"),
             keep_alive=False,
         )

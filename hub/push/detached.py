@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
-from hub.http.uvicorn_internals import LAST_CHUNK, chunk
+from hub.http.framing import LAST_CHUNK, chunk
 from hub.metrics import Metrics
 from hub.push.sse_frames import KEEPALIVE_FRAME
 from hub.push.subscriber import Subscriber

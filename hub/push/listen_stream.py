@@ -21,7 +21,7 @@ from collections.abc import Callable
 from starlette.types import Receive, Scope, Send
 
 from hub.http.connection import connection_of
-from hub.http.uvicorn_internals import RawHeaders, streaming_head
+from hub.http.framing import RawHeaders, streaming_head
 from hub.metrics import Metrics
 from hub.push.detached import DetachedStream
 from hub.push.sse_frames import KEEPALIVE_FRAME
