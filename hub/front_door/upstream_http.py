@@ -449,11 +449,12 @@ class Client:
         assert self._loop is not None
         now = self._loop.time()
         overdue = [(what, timeout) for what, (when, timeout) in self._due.items() if when <= now]
-        for what, timeout in overdue:
+        for what, _ in overdue:
             del self._due[what]
-            what.late(timeout)
-        if self._due:
+        if self._due:  # armed again first: what `late` does cannot stop the others' ticks
             self._ticking = self._loop.call_later(self.tick, self._check)
+        for what, timeout in overdue:
+            what.late(timeout)
 
     def idle(self, origin: Origin) -> _Connection | None:
         """A pooled connection to `origin` to send on now, or None (then `post`)."""

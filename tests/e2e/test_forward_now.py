@@ -375,3 +375,22 @@ async def test_the_client_gets_the_hubs_date_and_server_only(
         head = (await asyncio.wait_for(client.reader.readuntil(b"\r\n\r\n"), 10)).lower()
         assert head.count(b"\r\ndate: ") == 1 and b"1970" not in head
         assert head.count(b"\r\nserver: ") == 1 and b"up/1" not in head
+
+
+async def test_no_answer_head_on_a_warm_pool_is_a_timeout(
+    nats_url: str, bucket: str, tmp_path: Path
+) -> None:
+    held = HeldFirst()  # request 1 never answered until the end
+    limits = {"upstream_timeout": 0.5, "max_forwards_per_caller": 1}
+    async with warm(nats_url, bucket, tmp_path, held, **limits) as (front, client, upstream):
+        started = asyncio.get_running_loop().time()
+        status, _, body = await client.ask(1)
+        waited = asyncio.get_running_loop().time() - started
+        assert status == 504
+        assert json.loads(body)["error"]["data"] == {"upstream": "default", "fault": "timeout"}
+        assert 0.5 <= waited < 0.5 + 0.125 + 1.0  # the deadline, seen within a tick
+        status, _, _ = await client.ask(2)  # on a new connection: the late one was closed
+        assert status == 200
+        assert upstream.connections == 2
+        assert outcomes(front, "timeout") == 1
+        held.release.set()
