@@ -266,14 +266,28 @@ def test_an_answer_head_comes_to_its_lines_and_kind(
     assert b"content-length" not in head.lines and b"date" not in head.lines
 
 
+def test_answers_that_differ_in_length_and_date_only_share_one_head() -> None:
+    heads = AnswerHeads()
+    for i in range(100):
+        made = heads.of(
+            [
+                (b"date", b"Mon, 07 Dec 2026 02:%02d:00 GMT" % (i % 60)),
+                (b"content-type", b"application/json"),
+                (b"content-length", b"%d" % (i * 7)),
+            ]
+        )
+        assert made.lines == b"content-type: application/json\r\n"
+    assert len(heads) == 1
+
+
 def test_what_the_remembered_answer_heads_hold_stays_within_the_bound() -> None:
-    """An upstream whose every answer has another length: each head is new."""
+    """An upstream whose every answer head is new (a request id in each)."""
     budget = 64 * 1024
     heads = AnswerHeads(memo_bytes=budget)
 
     def calls() -> None:
         for i in range(4000):
-            head = [(b"content-type", b"application/json"), (b"content-length", b"%d" % i)]
+            head = [(b"content-type", b"application/json"), (b"x-request-id", b"%08d" % i)]
             heads.of(head)
             heads.of(list(head))
 

@@ -141,7 +141,7 @@ class _Exchange:
     def set_result(self, response: Response) -> None:
         """The head has come (its body may follow in the same read: see `update`)."""
         self.response = response
-        self.head = self.upstream.answer_heads.of(response.headers)
+        self.head = self.upstream.pool.answer_heads.of(response.headers)
         self.upstream.healthy()
 
     def set_exception(self, fault: BaseException) -> None:

@@ -49,6 +49,7 @@ _SPECIAL = _CLIENT_STATEMENTS | {b"cookie", b"accept-encoding"}  # looked at mor
 # with its own `Date` and `Server` (as nginx does): a client never gets two of either.
 _NOT_RETURNED = HOP_BY_HOP | {b"content-length", b"content-encoding", b"date", b"server"}
 _COOKIE = COOKIE_NAME.encode()
+_VARYING = frozenset({b"content-length", b"date"})  # from one answer to the next; not returned
 
 
 class TrustedProxies:
@@ -176,17 +177,21 @@ class AnswerHead(NamedTuple):
 
 
 class AnswerHeads:
-    """`AnswerHead`s remembered by the upstream's head in a `HeadMemo` of `memo_bytes` a
-    generation: an upstream answers with the same head but for its length and date, so
-    one is made at most a few times a second."""
+    """`AnswerHead`s remembered by the upstream's head less its length and date (which
+    the client never gets from it: `response_headers`), in a `HeadMemo` of `memo_bytes` a
+    generation: an upstream answers with the same head but for those two. One per hub
+    process (the upstreams' `Pool`): what a head comes to does not depend on who sent it."""
 
     def __init__(self, memo_bytes: int = 256 << 10) -> None:
         self._memo: HeadMemo[tuple[tuple[bytes, bytes], ...], AnswerHead] = HeadMemo(
             memo_bytes, _answer_held
         )
 
+    def __len__(self) -> int:
+        return len(self._memo)
+
     def of(self, headers: RawHeaders) -> AnswerHead:
-        key = tuple(headers)
+        key = tuple([field for field in headers if field[0] not in _VARYING])
         memo = self._memo
         found = memo.new.get(key) or memo.recall(key)
         if isinstance(found, AnswerHead):

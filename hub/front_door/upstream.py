@@ -97,7 +97,6 @@ class Upstream:
         self.pool = pool
         self.metrics = metrics
         self.up: bool | None = None  # unknown until the first answer
-        self.answer_heads = forwarding.AnswerHeads()  # what its answers' heads come to
         metrics.upstream_up.set(-1, spec.label)
 
     async def forward(

@@ -12,6 +12,7 @@ import sys
 from collections.abc import Iterator
 
 from hub.admission.limits import ByteBudget, StreamLimiter
+from hub.front_door.forwarding import AnswerHeads
 from hub.front_door.upstream_http import HIGH_WATER, Client
 from hub.rpc import jsonrpc
 
@@ -39,6 +40,7 @@ class Pool:
         # No total beyond the pool's own: one caller's share is the limit here.
         self.in_flight = StreamLimiter(sys.maxsize, max_per_caller, "forwarded requests in flight")
         self.buffer = ByteBudget(buffer_bytes)
+        self.answer_heads = AnswerHeads()  # what the upstreams' answer heads come to
         # A free connection, the connection and the answer's head within `timeout` (and a
         # JSON body, `Upstream`); an SSE answer may rightly stay quiet for minutes.
         self.client = Client(
