@@ -421,6 +421,12 @@ def test_the_store_floor_prints_a_row_per_watcher_and_rate() -> None:
     assert all(shape.search(row) for row in rows), rows
 
 
+@pytest.mark.timeout(90)
+def test_the_forward_instructions_probe_forwards_every_call() -> None:
+    done = _run_module("bench.forward_instructions", ["--probe", "--calls", "300"])
+    assert "300 of 300 calls answered 200" in done.stdout
+
+
 def _peer_figures() -> dict[str, float]:
     figures = {"streams": 10_000.0, "cores": 2.0}
     for target in ("hub", "raw", "nchan"):
