@@ -1,12 +1,6 @@
 """The library an MCP server uses to write its tasks where the taskhub reads them."""
 
-from bridge.bridge import (
-    CreateOutcomeUnknown,
-    TaskBridge,
-    TaskExpired,
-    TaskNotFound,
-    WriteConflict,
-)
+from bridge.bridge import TaskBridge
 from bridge.control import CancelHandler, ControlOptions, ControlStats, InputHandler
 from bridge.events import FleetEvents
 from bridge.states import (
@@ -17,6 +11,7 @@ from bridge.states import (
     TerminalStateError,
 )
 from bridge.store_reads import StoreUnavailable
+from bridge.task_store import CreateOutcomeUnknown, TaskExpired, TaskNotFound, WriteConflict
 from bridge.wire import DetailedTask, InvalidEnvelope, TaskError, TaskRecord
 
 __all__ = [

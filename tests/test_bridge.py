@@ -23,9 +23,9 @@ from bridge import (
     TaskRecord,
     TerminalStateError,
 )
-from bridge.bridge import MAX_MESSAGE_TTL_S, message_ttl
 from bridge.publisher import AckedPublisher
 from bridge.states import new_task
+from bridge.task_store import MAX_MESSAGE_TTL_S, message_ttl
 from bridge.wire import TaskError, decode_envelope, kv_stream, kv_subject
 
 ELICIT: dict[str, Any] = {
@@ -383,7 +383,7 @@ async def test_a_create_whose_ack_is_lost_reports_what_was_stored(
     nc: Client, js: Any, server_id: str, bucket: str, lands: bool
 ) -> None:
     bridge = await TaskBridge.attach(nc, server_id, bucket=bucket)
-    bridge._publisher = AckLosingPublisher(nc, lands=lands)
+    bridge._store.publisher = AckLosingPublisher(nc, lands=lands)
     try:
         if lands:  # stored: the caller gets the task, and has no reason to create another
             record = await bridge.create(owner="alice")
@@ -396,5 +396,4 @@ async def test_a_create_whose_ack_is_lost_reports_what_was_stored(
             assert "TimeoutError" in str(caught.value) and caught.value.task_id in str(caught.value)
             assert (await js.stream_info(kv_stream(bucket))).state.messages == 0
     finally:
-        await bridge._publisher.close()
-        await bridge.close()
+        await bridge.close()  # the ack-losing publisher with it

@@ -24,8 +24,8 @@ import nats
 from nats.aio.client import Client
 
 from bridge import TaskBridge
-from bridge.bridge import TaskExpired, TaskNotFound
 from bridge.states import IllegalTransition
+from bridge.task_store import TaskExpired, TaskNotFound
 from bridge.vocabulary import (
     CLIENT_CAPABILITIES_KEY,
     CLIENT_INFO_KEY,
