@@ -211,9 +211,8 @@ class _Exchange:
         self.response.close()
         self._fail(self.upstream.failed(504, "timeout", f"answer not complete within {timeout:g}s"))
 
-    def _end(self) -> None:
+    def _end(self) -> None:  # then the answer is written or run, which clears `out.gone`
         self.ended = True
-        self.out.gone = None
         self.connection.notify = None
         self.upstream.pool.client.undue(self)
 

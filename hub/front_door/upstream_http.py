@@ -431,7 +431,7 @@ class Client:
             connection.close()  # the request goes with it: the upstream learns to stop
             raise
         finally:
-            self._due.pop(connection, None)
+            self.undue(connection)
 
     def due(self, what: Late, when: float, timeout: float) -> None:
         """Call `what.late(timeout)` at loop time `when` (within a tick after it), unless

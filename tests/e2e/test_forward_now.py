@@ -113,7 +113,7 @@ class HeldFirst:
         self.connections: Callable[[], int] = lambda: 0  # the upstream's, so far
 
     async def __call__(self, request: Received) -> bytes:
-        if json.loads(request.body)["id"] == 1:
+        if id_of(request) == 1:
             self.arrived.set()
             await self.release.wait()
         return json_reply(result(request))
@@ -135,6 +135,19 @@ async def holding_one(
         client.writer.write(request_bytes(1))
         await asyncio.wait_for(held.arrived.wait(), 10)
         yield front, client, held
+
+
+def id_of(request: Received) -> Any:
+    """The JSON-RPC id of a request as the upstream read it."""
+    return json.loads(request.body)["id"]
+
+
+def fault_of(body: bytes) -> str:
+    """The fault a hub's error answer names; its data is the default upstream's and the
+    fault, nothing more."""
+    data = json.loads(body)["error"]["data"]
+    assert data == {"upstream": "default", "fault": data.get("fault")}, data
+    return str(data["fault"])
 
 
 def outcomes(front: HubHarness, outcome: str) -> float:
@@ -159,7 +172,7 @@ async def test_whole_json_answers_on_a_warm_pool_start_no_task(
     nats_url: str, bucket: str, tmp_path: Path
 ) -> None:
     async def answer(request: Received) -> bytes:
-        return json_reply(result(request, n=json.loads(request.body)["id"]))
+        return json_reply(result(request, n=id_of(request)))
 
     async with warm(nats_url, bucket, tmp_path, answer) as (front, client, upstream):
         made = counting_tasks()
@@ -207,7 +220,7 @@ async def test_a_body_that_stops_coming_is_a_timeout_and_the_slot_comes_back(
 
     async def answer(request: Received) -> Reply:
         reply = json_reply(result(request, text="y" * 1000))
-        if json.loads(request.body)["id"] == 1:
+        if id_of(request) == 1:
             return stalled(reply[:-500])
         return reply
 
@@ -219,7 +232,7 @@ async def test_a_body_that_stops_coming_is_a_timeout_and_the_slot_comes_back(
     async with warm(nats_url, bucket, tmp_path, answer, **limits) as (front, client, _):
         status, _, body = await client.ask(1)
         assert status == 504
-        assert json.loads(body)["error"]["data"] == {"upstream": "default", "fault": "timeout"}
+        assert fault_of(body) == "timeout"
         status, _, body = await client.ask(2)  # the caller's one slot was given back
         assert status == 200, body
         assert outcomes(front, "timeout") == 1
@@ -230,14 +243,14 @@ async def test_an_upstream_that_hangs_up_on_a_pooled_connection_is_a_reset(
     nats_url: str, bucket: str, tmp_path: Path
 ) -> None:
     async def answer(request: Received) -> bytes | None:
-        if json.loads(request.body)["id"] == 1:
+        if id_of(request) == 1:
             return None  # hang up without an answer
         return json_reply(result(request))
 
     async with warm(nats_url, bucket, tmp_path, answer) as (front, client, _upstream):
         status, _, body = await client.ask(1)
         assert status == 502
-        assert json.loads(body)["error"]["data"] == {"upstream": "default", "fault": "reset"}
+        assert fault_of(body) == "reset"
         assert json.loads(body)["id"] == 1
         status, _, _ = await client.ask(2)
         assert status == 200
@@ -248,15 +261,15 @@ async def test_stray_bytes_behind_a_whole_answer_close_its_connection(
     nats_url: str, bucket: str, tmp_path: Path
 ) -> None:
     async def answer(request: Received) -> bytes:
-        reply = json_reply(result(request, n=json.loads(request.body)["id"]))
-        if json.loads(request.body)["id"] == 1:
+        reply = json_reply(result(request, n=id_of(request)))
+        if id_of(request) == 1:
             return reply + json_reply({"jsonrpc": "2.0", "id": 2, "result": {"POISONED": True}})
         return reply
 
     async with warm(nats_url, bucket, tmp_path, answer) as (front, client, upstream):
         status, _, body = await client.ask(1)
         assert status == 502
-        assert json.loads(body)["error"]["data"]["fault"] == "invalid"
+        assert fault_of(body) == "invalid"
         status, _, body = await client.ask(2)
         assert json.loads(body)["result"] == {"n": 2}  # never the stray answer
         assert upstream.connections == 2
@@ -280,7 +293,7 @@ async def test_an_sse_answer_on_a_warm_pool_is_relayed_with_cors_headers(
     nats_url: str, bucket: str, tmp_path: Path
 ) -> None:
     async def answer(request: Received) -> bytes:
-        if json.loads(request.body)["id"] == 0:
+        if id_of(request) == 0:
             return json_reply(result(request))
         event = b"event: message\ndata: " + json.dumps(result(request, done=True)).encode()
         return sse_head() + chunk(event + b"\n\n") + chunk(b"")
@@ -318,7 +331,7 @@ async def test_a_task_in_a_whole_answer_is_recorded_before_the_client_sees_it(
     nats_url: str, bucket: str, tmp_path: Path
 ) -> None:
     async def answer(request: Received) -> bytes:
-        if json.loads(request.body)["id"] == 0:
+        if id_of(request) == 0:
             return json_reply(result(request))
         return json_reply(result(request, resultType="task", **TASK_STATE))
 
@@ -333,7 +346,7 @@ async def test_an_answer_that_is_no_jsonrpc_message_is_an_invalid_fault(
     nats_url: str, bucket: str, tmp_path: Path
 ) -> None:
     async def answer(request: Received) -> bytes:
-        if json.loads(request.body)["id"] == 0:
+        if id_of(request) == 0:
             return json_reply(result(request))
         page = b"<html>oops</html>"
         head = b"HTTP/1.1 200 OK\r\ncontent-type: text/html\r\ncontent-length: %d\r\n\r\n"
@@ -342,7 +355,7 @@ async def test_an_answer_that_is_no_jsonrpc_message_is_an_invalid_fault(
     async with warm(nats_url, bucket, tmp_path, answer) as (front, client, _upstream):
         status, _, body = await client.ask(1)
         assert status == 502
-        assert json.loads(body)["error"]["data"] == {"upstream": "default", "fault": "invalid"}
+        assert fault_of(body) == "invalid"
         assert b"oops" not in body
         assert outcomes(front, "invalid") == 1
 
@@ -387,7 +400,7 @@ async def test_no_answer_head_on_a_warm_pool_is_a_timeout(
         status, _, body = await client.ask(1)
         waited = asyncio.get_running_loop().time() - started
         assert status == 504
-        assert json.loads(body)["error"]["data"] == {"upstream": "default", "fault": "timeout"}
+        assert fault_of(body) == "timeout"
         assert 0.5 <= waited < 0.5 + 0.125 + 1.0  # the deadline, seen within a tick
         status, _, _ = await client.ask(2)  # on a new connection: the late one was closed
         assert status == 200
